@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Each creates .venv when missing and installs what it needs into it.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch is pinned so that pip reuses a local wheel where one exists and never
+# silently pulls a different (multi-GB) build.
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.polis-installed
+
+.PHONY: demo test install clean bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install "$(TORCH_PIN)"
+	$(PIP) install -e ".[test,mlx-cpu]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/polis demo
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/polis bench shard
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,231 @@
+"""The StageBackend protocol: one pipeline stage of a decoder LM on some tensor library.
+
+What this module defines (and nothing else does):
+
+* the **boundary format** — how tensors cross between stages, processes and
+  backends: token ids are ``int64`` arrays ``[batch, seq]``; hidden states and
+  their gradients are C-contiguous ``float32`` numpy arrays ``[batch, seq, hidden]``;
+  logits are ``float32`` ``[batch, seq, vocab]``; per-token log-probabilities are
+  ``float32`` ``[batch, seq]``. Every backend converts at its edges with
+  :func:`to_boundary` so a torch stage can feed an MLX stage and back.
+* the **StageBackend protocol** — synchronous; a backend is created, used and
+  closed on one compute thread (MLX streams and CUDA contexts belong to their
+  thread). It knows nothing about networking, asyncio or RL.
+
+What it does not know: how stages are scheduled, where activations travel, what
+loss is being optimised (the RL objective lives in ``engine.rl`` and hands the
+last stage a gradient with respect to its log-probabilities).
+
+Conventions every backend follows:
+
+* Parameter names are the Hugging Face checkpoint names
+  (``model.layers.3.self_attn.q_proj.weight``), so weights, gradients and deltas
+  mean the same thing on every backend and on the wire.
+* ``forward`` with ``cache_id`` appends to a per-sequence KV cache owned by the
+  backend; positions continue from the cache length. All rows of one cache have
+  the same length (a cache holds one group of samples of one prompt), so no
+  attention mask is needed. Right-padding in training batches is harmless under
+  causal attention; padded positions get zero loss weight from the caller.
+* ``forward`` with ``key`` (training) keeps what ``backward(key, ...)`` needs; a
+  key is consumed by its backward (or released by ``release``). Several keys may be
+  in flight at once (pipelined micro-batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+#: dtype of hidden states, their gradients and logits at every stage boundary.
+BOUNDARY_FLOAT_DTYPE = np.dtype(np.float32)
+#: dtype of token ids at every stage boundary.
+BOUNDARY_TOKEN_DTYPE = np.dtype(np.int64)
+
+
+class BackendError(RuntimeError):
+    """A backend could not do what was asked (bad input shape, unknown cache, ...)."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend's library or device is not present on this machine."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Which contiguous slice of the model one stage holds.
+
+    ``layer_start``/``layer_end`` are a half-open range of decoder layer indices.
+    Stage 0 owns the token embeddings; the last stage owns the final norm and the
+    LM head.
+    """
+
+    stage_index: int
+    num_stages: int
+    layer_start: int
+    layer_end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.stage_index < self.num_stages:
+            raise ValueError(f"stage_index {self.stage_index} not in [0, {self.num_stages})")
+        if not 0 <= self.layer_start < self.layer_end:
+            raise ValueError(f"empty or negative layer range [{self.layer_start}, {self.layer_end})")
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+    def describe(self, total_layers: int) -> str:
+        """Human text such as ``layers 4-7 of 8`` (1-based, inclusive)."""
+        return f"layers {self.layer_start + 1}-{self.layer_end} of {total_layers}"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW settings applied by every backend identically."""
+
+    lr: float = 1e-3  #: learning rate
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0  #: decoupled weight decay (AdamW)
+
+
+def to_boundary(array: np.ndarray, *, tokens: bool = False) -> np.ndarray:
+    """Return ``array`` in the boundary format (dtype, C order), copying only if needed."""
+    dtype = BOUNDARY_TOKEN_DTYPE if tokens else BOUNDARY_FLOAT_DTYPE
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+@runtime_checkable
+class StageBackend(Protocol):
+    """One stage of a decoder model on one device. Synchronous; one thread."""
+
+    #: registry name, e.g. ``"torch"`` or ``"mlx"``
+    name: str
+    #: device in words, e.g. ``"cuda:0 (NVIDIA RTX 4090, 24.0 GiB)"`` or ``"cpu"``
+    device: str
+    spec: StageSpec
+
+    # -- weights -----------------------------------------------------------
+    def load(self, spec: StageSpec, weights: Mapping[str, np.ndarray], config: "ModelConfigLike",
+             optimizer: OptimizerConfig | None = None) -> None:
+        """Build the stage from HF-named fp32/bf16 numpy tensors (only this stage's names)."""
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """This stage's parameters as fp32 numpy arrays, HF names."""
+
+    def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
+        """Add ``delta`` (a subset of parameter names, fp32) to the parameters in place."""
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Overwrite parameters (a subset of names) with ``weights``."""
+
+    # -- forward ---------------------------------------------------------------
+    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None,
+                key: str | None = None) -> np.ndarray:
+        """Run the stage.
+
+        ``inputs``: token ids ``int64 [B, T]`` on the first stage, else hidden
+        ``float32 [B, T, H]``. Returns hidden ``float32 [B, T, H]``, or logits
+        ``float32 [B, T, V]`` on the last stage. ``cache_id`` and ``key`` are
+        mutually exclusive.
+        """
+
+    def drop_cache(self, cache_id: str) -> None:
+        """Free a KV cache (unknown ids are ignored)."""
+
+    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *,
+                       key: str | None = None, temperature: float = 1.0) -> np.ndarray:
+        """Last stage only: ``log softmax(logits / temperature)`` gathered at ``targets``.
+
+        ``inputs`` as for ``forward``; ``targets`` ``int64 [B, T]``. Returns
+        ``float32 [B, T]``. With ``key`` the graph is kept and ``backward(key, g)``
+        takes ``g = dLoss/dlogprobs`` of the same shape.
+        """
+
+    # -- backward / optimiser --------------------------------------------------
+    def backward(self, key: str, grad_output: np.ndarray) -> np.ndarray | None:
+        """Backpropagate ``grad_output`` (same shape as what the keyed call returned).
+
+        Accumulates parameter gradients; returns the gradient of the stage input
+        (``float32 [B, T, H]``), or ``None`` on the first stage (token ids).
+        """
+
+    def release(self, key: str) -> None:
+        """Forget a training key without backpropagating (e.g. a dead micro-batch)."""
+
+    def grads(self) -> dict[str, np.ndarray]:
+        """Accumulated parameter gradients, fp32, HF names (zeros if none yet)."""
+
+    def set_grads(self, grads: Mapping[str, np.ndarray]) -> None:
+        """Replace accumulated gradients (after replica aggregation)."""
+
+    def zero_grad(self) -> None: ...
+
+    def step(self, grad_scale: float = 1.0) -> None:
+        """Multiply gradients by ``grad_scale`` (global-norm clipping), AdamW step, zero grads."""
+
+    def close(self) -> None:
+        """Free device memory. The backend is unusable afterwards."""
+
+
+class ModelConfigLike(Protocol):
+    """The fields of ``engine.model.config.ModelConfig`` a backend reads."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+
+
+def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperature: float = 1.0,
+                       top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Sample one token per row of ``logits [B, V]``.
+
+    Returns ``(tokens int64 [B], logprobs float32 [B])`` where the log-prob is that
+    of the sampled token under ``softmax(logits / temperature)`` *before* top-p
+    truncation: this is the behaviour log-prob the trainer recomputes, so the
+    importance ratio compares like with like. ``temperature == 0`` is greedy.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim != 2:
+        raise BackendError(f"logits must be [B, V], got shape {logits.shape}")
+    if temperature <= 0.0:
+        tokens = logits.argmax(axis=-1)
+        scaled = logits
+    else:
+        scaled = logits / temperature
+    shifted = scaled - scaled.max(axis=-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    if temperature > 0.0:
+        probs = np.exp(logp)
+        if top_p < 1.0:
+            order = np.argsort(-probs, axis=-1)
+            sorted_p = np.take_along_axis(probs, order, axis=-1)
+            keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < top_p
+            keep = np.zeros_like(keep_sorted)
+            np.put_along_axis(keep, order, keep_sorted, axis=-1)
+            probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        cdf = np.cumsum(probs, axis=-1)
+        u = rng.random((logits.shape[0], 1))
+        tokens = np.minimum((cdf < u).sum(axis=-1), logits.shape[1] - 1)
+    chosen = np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    return tokens.astype(np.int64), chosen.astype(np.float32)

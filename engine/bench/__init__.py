@@ -1,0 +1,1 @@
+"""``polis bench``: measured figures, reported as ratios within one run."""
