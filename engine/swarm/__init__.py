@@ -1,0 +1,1 @@
+"""The swarm: a coordinator and nodes that run pipeline RL over WebRTC."""

@@ -1,0 +1,102 @@
+"""Stage assignment: which pipeline stage each node serves.
+
+Pure bookkeeping, no I/O: the coordinator calls :func:`assign_new_node` when a
+node joins and :func:`rebalance` whenever membership changes. Rules:
+
+* a joining node takes the stage with the fewest replicas (ties: the lowest
+  stage index, so a pipeline is completed front to back);
+* when a stage has no replica left and another stage has two or more, one node
+  moves from the most-covered stage to the empty one (the moved node reloads its
+  weights from the stage checkpoint or a replica of its new stage);
+* nodes that cannot hold a stage (``max_layers`` smaller than the stage) are
+  never assigned to it.
+
+It knows nothing about networks, weights or time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NodeSlot:
+    """What the assigner needs to know about one node."""
+
+    peer_id: str
+    stage: int | None = None
+    #: most decoder layers this node can hold (memory limit); None = no limit
+    max_layers: int | None = None
+
+
+@dataclass
+class Assignment:
+    """Current stage of every node of a swarm with ``num_stages`` stages."""
+
+    stage_layers: list[int]  #: decoder layers in each stage
+    nodes: dict[str, NodeSlot] = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_layers)
+
+    def replicas(self) -> list[list[str]]:
+        """Peer ids serving each stage, sorted for determinism."""
+        out: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for slot in self.nodes.values():
+            if slot.stage is not None:
+                out[slot.stage].append(slot.peer_id)
+        return [sorted(ids) for ids in out]
+
+    def coverage(self) -> list[int]:
+        return [len(ids) for ids in self.replicas()]
+
+    def complete(self) -> bool:
+        """True when every stage has at least one replica (a pipeline can run)."""
+        return all(self.coverage())
+
+    def _fits(self, slot: NodeSlot, stage: int) -> bool:
+        return slot.max_layers is None or slot.max_layers >= self.stage_layers[stage]
+
+
+def assign_new_node(assignment: Assignment, slot: NodeSlot) -> int | None:
+    """Add ``slot`` and give it the least-covered stage it can hold; ``None`` if none fits."""
+    assignment.nodes[slot.peer_id] = slot
+    coverage = assignment.coverage()
+    candidates = [s for s in range(assignment.num_stages) if assignment._fits(slot, s)]
+    if not candidates:
+        slot.stage = None
+        return None
+    slot.stage = min(candidates, key=lambda s: (coverage[s], s))
+    return slot.stage
+
+
+def remove_node(assignment: Assignment, peer_id: str) -> None:
+    assignment.nodes.pop(peer_id, None)
+
+
+def rebalance(assignment: Assignment) -> list[tuple[str, int, int]]:
+    """Move nodes into empty stages; returns ``(peer_id, old_stage, new_stage)`` moves."""
+    moves: list[tuple[str, int, int]] = []
+    while True:
+        replicas = assignment.replicas()
+        empty = [s for s, ids in enumerate(replicas) if not ids]
+        if not empty:
+            return moves
+        target = empty[0]
+        donors = sorted((s for s, ids in enumerate(replicas) if len(ids) >= 2),
+                        key=lambda s: (-len(replicas[s]), s))
+        moved = False
+        for donor in donors:
+            # move the most recently sorted-last peer: deterministic and keeps the lowest ids stable
+            for peer_id in reversed(replicas[donor]):
+                slot = assignment.nodes[peer_id]
+                if assignment._fits(slot, target):
+                    slot.stage = target
+                    moves.append((peer_id, donor, target))
+                    moved = True
+                    break
+            if moved:
+                break
+        if not moved:
+            return moves

@@ -1,0 +1,192 @@
+"""The coordinator's durable state in SQLite: peers, ledger, rollouts, versions, evals.
+
+Everything the coordinator must not forget across a restart lives here: the
+policy version, completed rollouts (the replay buffer's contents, so a finished
+rollout is never lost), the contribution ledger, eval history and run metadata.
+It is used from the coordinator's event-loop thread only; each call is one short
+transaction on a local file (WAL mode).
+
+It knows nothing about HTTP, WebRTC, tensors or how rewards are computed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS peers (
+    peer_id TEXT PRIMARY KEY, public_key TEXT NOT NULL, first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL, backend TEXT, device TEXT, stage INTEGER);
+CREATE TABLE IF NOT EXISTS ledger (
+    peer_id TEXT PRIMARY KEY, tokens_generated INTEGER NOT NULL DEFAULT 0,
+    microbatches_trained INTEGER NOT NULL DEFAULT 0, bytes_sent INTEGER NOT NULL DEFAULT 0,
+    bytes_received INTEGER NOT NULL DEFAULT 0, uptime_s REAL NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS rollouts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT NULL, prompt TEXT NOT NULL,
+    tokens TEXT NOT NULL, behaviour_logprobs BLOB NOT NULL, versions TEXT NOT NULL,
+    min_version INTEGER NOT NULL, reward REAL NOT NULL, advantage REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT 'ready', created_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts(state, min_version);
+CREATE TABLE IF NOT EXISTS versions (
+    version INTEGER PRIMARY KEY, created_at REAL NOT NULL, reward_mean REAL,
+    samples INTEGER NOT NULL DEFAULT 0, info TEXT);
+CREATE TABLE IF NOT EXISTS evals (
+    version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, n INTEGER NOT NULL, created_at REAL NOT NULL);
+"""
+
+#: ledger columns a node's report may increment
+LEDGER_COUNTERS = ("tokens_generated", "microbatches_trained", "bytes_sent", "bytes_received", "uptime_s")
+
+
+@dataclass(frozen=True)
+class StoredRollout:
+    """One completed, scored sample as kept in the replay buffer."""
+
+    id: int
+    group_id: str
+    prompt: str
+    tokens: list[int]
+    behaviour_logprobs: np.ndarray
+    versions: list[int]
+    min_version: int
+    reward: float
+    advantage: float
+
+
+class Store:
+    """A coordinator database at ``path`` (created if missing)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        found = self.get_meta("schema_version")
+        if found is None:
+            self.set_meta("schema_version", SCHEMA_VERSION)
+        elif found != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: database schema {found} is not {SCHEMA_VERSION}; "
+                               "start with a new --db path")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- metadata ------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                         (key, json.dumps(value)))
+
+    # -- peers and ledger ------------------------------------------------------
+    def upsert_peer(self, peer_id: str, public_key: str, *, backend: str | None = None,
+                    device: str | None = None, stage: int | None = None) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO peers(peer_id, public_key, first_seen, last_seen, backend, device, stage) "
+            "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(peer_id) DO UPDATE SET last_seen = excluded.last_seen, "
+            "backend = excluded.backend, device = excluded.device, stage = excluded.stage",
+            (peer_id, public_key, now, now, backend, device, stage))
+        self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
+
+    def add_to_ledger(self, peer_id: str, **counts: float) -> None:
+        unknown = set(counts) - set(LEDGER_COUNTERS)
+        if unknown:
+            raise ValueError(f"unknown ledger counters: {sorted(unknown)}")
+        if any(v < 0 for v in counts.values()):
+            raise ValueError("ledger increments must be non-negative")
+        if not counts:
+            return
+        self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
+        assignments = ", ".join(f"{name} = {name} + ?" for name in counts)
+        self._db.execute(f"UPDATE ledger SET {assignments} WHERE peer_id = ?", (*counts.values(), peer_id))
+
+    def ledger(self) -> dict[str, dict[str, float]]:
+        cols = ", ".join(LEDGER_COUNTERS)
+        rows = self._db.execute(f"SELECT peer_id, {cols} FROM ledger ORDER BY peer_id").fetchall()
+        return {row[0]: dict(zip(LEDGER_COUNTERS, row[1:])) for row in rows}
+
+    # -- rollouts (replay buffer contents) -----------------------------------------
+    def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
+        """Insert scored samples; each dict has the fields of :class:`StoredRollout` but ``id``."""
+        ids = []
+        now = time.time()
+        self._db.execute("BEGIN")
+        try:
+            for r in rollouts:
+                cur = self._db.execute(
+                    "INSERT INTO rollouts(group_id, prompt, tokens, behaviour_logprobs, versions, min_version, "
+                    "reward, advantage, created_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (r["group_id"], r["prompt"], json.dumps([int(t) for t in r["tokens"]]),
+                     np.asarray(r["behaviour_logprobs"], dtype=np.float32).tobytes(),
+                     json.dumps([int(v) for v in r["versions"]]), int(r["min_version"]),
+                     float(r["reward"]), float(r["advantage"]), now))
+                ids.append(int(cur.lastrowid))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return ids
+
+    def ready_rollouts(self, limit: int) -> list[StoredRollout]:
+        rows = self._db.execute(
+            "SELECT id, group_id, prompt, tokens, behaviour_logprobs, versions, min_version, reward, advantage "
+            "FROM rollouts WHERE state = 'ready' ORDER BY id LIMIT ?", (int(limit),)).fetchall()
+        return [StoredRollout(id=r[0], group_id=r[1], prompt=r[2], tokens=json.loads(r[3]),
+                              behaviour_logprobs=np.frombuffer(r[4], dtype=np.float32).copy(),
+                              versions=json.loads(r[5]), min_version=r[6], reward=r[7], advantage=r[8])
+                for r in rows]
+
+    def mark_rollouts(self, ids: Iterable[int], state: str) -> None:
+        if state not in ("ready", "consumed", "dropped"):
+            raise ValueError(f"unknown rollout state {state!r}")
+        self._db.executemany("UPDATE rollouts SET state = ? WHERE id = ?", [(state, int(i)) for i in ids])
+
+    def drop_stale(self, current_version: int, max_staleness: int) -> int:
+        """Mark ready rollouts older than the staleness bound as dropped; returns how many."""
+        cur = self._db.execute("UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ?",
+                               (int(current_version) - int(max_staleness),))
+        return cur.rowcount
+
+    def rollout_counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall()
+        return {state: count for state, count in rows}
+
+    # -- versions and evals ----------------------------------------------------------
+    def record_version(self, version: int, *, reward_mean: float | None, samples: int,
+                       info: dict[str, Any] | None = None) -> None:
+        latest = self.latest_version()
+        if latest is not None and version <= latest:
+            raise ValueError(f"policy version {version} does not advance past {latest}")
+        self._db.execute("INSERT INTO versions(version, created_at, reward_mean, samples, info) VALUES(?, ?, ?, ?, ?)",
+                         (int(version), time.time(), reward_mean, int(samples), json.dumps(info or {})))
+
+    def latest_version(self) -> int | None:
+        row = self._db.execute("SELECT MAX(version) FROM versions").fetchone()
+        return row[0]
+
+    def versions(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT version, created_at, reward_mean, samples FROM versions ORDER BY version")
+        return [dict(version=r[0], created_at=r[1], reward=r[2], samples=r[3]) for r in rows.fetchall()]
+
+    def record_eval(self, version: int, accuracy: float, n: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO evals(version, accuracy, n, created_at) VALUES(?, ?, ?, ?)",
+                         (int(version), float(accuracy), int(n), time.time()))
+
+    def evals(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT version, accuracy, n FROM evals ORDER BY version").fetchall()
+        return [dict(version=r[0], accuracy=r[1], n=r[2]) for r in rows]

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from engine.swarm.store import Store
+
+
+def _rollout(i, version=3):
+    return dict(group_id=f"g{i // 2}", prompt="rev:123=", tokens=[5, 6, 7], behaviour_logprobs=[-0.1, -0.2, -0.3],
+                versions=[version, version], min_version=version, reward=1.0, advantage=0.5)
+
+
+def test_rollouts_survive_a_restart_of_the_store(tmp_path):
+    store = Store(tmp_path / "c.db")
+    ids = store.add_rollouts([_rollout(i) for i in range(4)])
+    store.mark_rollouts(ids[:1], "consumed")
+    store.record_version(1, reward_mean=0.2, samples=8)
+    store.record_eval(1, 0.25, 100)
+    store.add_to_ledger("peer", tokens_generated=10, bytes_sent=100)
+    store.close()
+
+    again = Store(tmp_path / "c.db")
+    ready = again.ready_rollouts(10)
+    assert [r.id for r in ready] == ids[1:]
+    np.testing.assert_allclose(ready[0].behaviour_logprobs, [-0.1, -0.2, -0.3], rtol=1e-6)
+    assert again.latest_version() == 1
+    assert again.evals() == [{"version": 1, "accuracy": 0.25, "n": 100}]
+    assert again.ledger()["peer"]["tokens_generated"] == 10
+
+
+def test_versions_never_go_backwards(tmp_path):
+    store = Store(tmp_path / "c.db")
+    store.record_version(5, reward_mean=None, samples=0)
+    with pytest.raises(ValueError):
+        store.record_version(5, reward_mean=None, samples=0)
+    with pytest.raises(ValueError):
+        store.record_version(4, reward_mean=None, samples=0)
+
+
+def test_stale_rollouts_are_dropped_and_counted(tmp_path):
+    store = Store(tmp_path / "c.db")
+    store.add_rollouts([_rollout(0, version=1), _rollout(1, version=6)])
+    assert store.drop_stale(current_version=6, max_staleness=4) == 1
+    assert store.rollout_counts() == {"dropped": 1, "ready": 1}
+
+
+def test_ledger_rejects_unknown_or_negative_counters(tmp_path):
+    store = Store(tmp_path / "c.db")
+    with pytest.raises(ValueError):
+        store.add_to_ledger("p", points=1)
+    with pytest.raises(ValueError):
+        store.add_to_ledger("p", tokens_generated=-1)
