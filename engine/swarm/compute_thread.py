@@ -1,0 +1,79 @@
+"""A dedicated compute thread that owns a StageBackend, driven from asyncio.
+
+The node's asyncio loop must never run tensor maths, and MLX streams / CUDA
+contexts belong to the thread that created them. So the backend is *created*
+on this thread and every call to it runs there, one at a time, in submission
+order; the loop awaits results without blocking. Exceptions raised on the
+compute thread propagate to the awaiting coroutine.
+
+It knows nothing about what the calls do (generation, training, loading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+class ComputeThread:
+    """One thread, one FIFO of calls. ``await ct.run(fn, *args)`` runs ``fn`` there."""
+
+    def __init__(self, name: str = "polis-compute"):
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._busy_s = 0.0
+        self._thread.start()
+
+    def _main(self) -> None:
+        import time
+
+        while True:
+            item = self._calls.get()
+            if item is _STOP:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            start = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # delivered to the awaiting coroutine
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                self._busy_s += time.perf_counter() - start
+
+    @property
+    def busy_seconds(self) -> float:
+        """Total seconds spent running calls (for utilisation figures)."""
+        return self._busy_s
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> "Future[T]":
+        if not self._thread.is_alive():
+            raise RuntimeError("compute thread has stopped")
+        future: Future[T] = Future()
+        self._calls.put((future, fn, args, kwargs))
+        return future
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` on the compute thread and await its result."""
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish queued calls, then end the thread."""
+        if self._thread.is_alive():
+            self._calls.put(_STOP)
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.warning("compute thread did not stop within %.1f s", timeout_s)

@@ -1,0 +1,34 @@
+import asyncio
+import threading
+
+import pytest
+
+from engine.swarm.compute_thread import ComputeThread
+
+
+def test_calls_run_in_order_on_one_thread_that_is_not_the_loop():
+    ct = ComputeThread()
+    seen = []
+
+    async def main():
+        loop_thread = threading.get_ident()
+        results = await asyncio.gather(*(ct.run(lambda i=i: (seen.append(i), threading.get_ident())[1])
+                                         for i in range(20)))
+        return loop_thread, set(results)
+
+    loop_thread, threads = asyncio.run(main())
+    ct.stop()
+    assert seen == list(range(20))
+    assert len(threads) == 1 and loop_thread not in threads
+
+
+def test_exceptions_reach_the_awaiting_coroutine():
+    ct = ComputeThread()
+
+    def boom():
+        raise ValueError("bad shape")
+
+    with pytest.raises(ValueError, match="bad shape"):
+        asyncio.run(ct.run(boom))
+    assert asyncio.run(ct.run(lambda: 7)) == 7
+    ct.stop()
