@@ -1,0 +1,276 @@
+"""LAN discovery over zeroconf (mDNS/DNS-SD): advertise a Polis service and browse for them.
+
+A service of type ``_polis._tcp.local.`` carries TXT properties ``role``
+(``coordinator`` or ``node``), ``peer`` (the advertiser's peer id), ``url`` (its
+signalling URL, ``ws://host:port/path``) and ``ver`` (the Polis version). Whatever
+arrives from the network is untrusted: TXT records are size-checked and parsed
+into a :class:`ServiceAdvert` or dropped with a logged reason; a browse keeps at
+most ``max_services`` answers.
+
+Everything runs on the caller's asyncio loop (``zeroconf.asyncio``). By default
+zeroconf uses every interface (a real LAN); tests and single-machine demos pass
+``DiscoveryConfig(interfaces=("127.0.0.1",))`` so that nothing leaves loopback.
+
+What this module does not know: what a coordinator does, how to connect to the
+URL it finds (signalling), or whether to host a coordinator when none answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+import ifaddr
+import zeroconf as zeroconf_errors
+from zeroconf import IPVersion, ServiceStateChange
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from engine.net.errors import ProtocolViolation
+
+log = logging.getLogger(__name__)
+
+SERVICE_TYPE = "_polis._tcp.local."
+ROLES = ("coordinator", "node")
+#: Interfaces that keep discovery on this machine (tests, demos).
+LOOPBACK_ONLY = ("127.0.0.1",)
+_PEER_ID_RE = re.compile(r"[0-9a-f]{8,64}\Z")
+_VERSION_RE = re.compile(r"[0-9A-Za-z.+\-]{1,32}\Z")
+_MAX_URL_LEN = 256
+_MAX_TXT_KEYS = 16
+_MAX_TXT_VALUE = 255
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """Where and how long to look."""
+
+    #: IPv4 addresses of the interfaces to use; None = all interfaces (a real LAN).
+    interfaces: tuple[str, ...] | None = None
+    #: DNS-SD service type (tests may use their own to stay apart).
+    service_type: str = SERVICE_TYPE
+    #: Seconds to wait for one service's records when resolving it.
+    resolve_timeout_s: float = 3.0
+    #: Most services one browse keeps (the network is untrusted).
+    max_services: int = 64
+
+    def __post_init__(self) -> None:
+        if self.interfaces is not None:
+            for address in self.interfaces:
+                ipaddress.IPv4Address(address)  # raises ValueError on garbage
+        if not (self.service_type.startswith("_") and self.service_type.endswith("._tcp.local.")):
+            raise ValueError(f"service_type {self.service_type!r} is not a '_name._tcp.local.' type")
+        if not 0 < self.resolve_timeout_s <= 60:
+            raise ValueError("resolve_timeout_s must be in (0, 60]")
+        if not 1 <= self.max_services <= 4096:
+            raise ValueError("max_services must be in [1, 4096]")
+
+    def zeroconf(self) -> AsyncZeroconf:
+        interfaces: Any = list(self.interfaces) if self.interfaces is not None else None
+        if interfaces is None:
+            return AsyncZeroconf(ip_version=IPVersion.V4Only)
+        return AsyncZeroconf(interfaces=interfaces, ip_version=IPVersion.V4Only)
+
+
+@dataclass(frozen=True)
+class ServiceAdvert:
+    """What a Polis service says about itself (its TXT record)."""
+
+    role: str
+    peer_id: str
+    signalling_url: str
+    version: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ProtocolViolation(f"role {self.role[:20]!r} is not one of {ROLES}")
+        if not _PEER_ID_RE.match(self.peer_id):
+            raise ProtocolViolation("peer id must be 8-64 lowercase hex characters")
+        if not _VERSION_RE.match(self.version):
+            raise ProtocolViolation("version must be 1-32 characters of [0-9A-Za-z.+-]")
+        _check_url(self.signalling_url)
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.signalling_url)
+        return parts.port or (443 if parts.scheme in ("wss", "https") else 80)
+
+    def to_properties(self) -> dict[str, str]:
+        return {"role": self.role, "peer": self.peer_id, "url": self.signalling_url, "ver": self.version}
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[Any, Any]) -> "ServiceAdvert":
+        """Parse untrusted TXT properties (bytes keys/values); raises ProtocolViolation."""
+        if len(properties) > _MAX_TXT_KEYS:
+            raise ProtocolViolation(f"TXT record has {len(properties)} keys, at most {_MAX_TXT_KEYS}")
+        text: dict[str, str] = {}
+        for key, value in properties.items():
+            if not isinstance(key, bytes) or not isinstance(value, bytes) or len(value) > _MAX_TXT_VALUE:
+                continue  # flags (no value) and odd entries are ignored
+            try:
+                text[key.decode("ascii")] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ProtocolViolation("TXT record is not valid text") from None
+        missing = {"role", "peer", "url", "ver"} - text.keys()
+        if missing:
+            raise ProtocolViolation(f"TXT record lacks {sorted(missing)}")
+        return cls(role=text["role"], peer_id=text["peer"], signalling_url=text["url"], version=text["ver"])
+
+
+def _check_url(url: str) -> None:
+    if not isinstance(url, str) or not 0 < len(url) <= _MAX_URL_LEN or not url.isprintable() or " " in url:
+        raise ProtocolViolation(f"signalling url must be 1-{_MAX_URL_LEN} printable characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ProtocolViolation(f"signalling url is malformed: {exc}") from None
+    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
+        raise ProtocolViolation("signalling url must be ws(s):// or http(s):// with a host")
+    if port == 0:
+        raise ProtocolViolation("signalling url has port 0")
+
+
+@dataclass(frozen=True)
+class DiscoveredService:
+    """A validated answer: the advert plus where the mDNS records say it lives."""
+
+    name: str
+    advert: ServiceAdvert
+    addresses: tuple[str, ...]
+    port: int
+
+
+def _advertised_addresses(advert: ServiceAdvert, config: DiscoveryConfig) -> list[str]:
+    host = urlsplit(advert.signalling_url).hostname or ""
+    try:
+        return [str(ipaddress.IPv4Address(host))]
+    except ValueError:
+        pass
+    if config.interfaces is not None:
+        return list(config.interfaces)
+    return [ip.ip for adapter in ifaddr.get_adapters() for ip in adapter.ips
+            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")]
+
+
+class LanAdvertiser:
+    """Advertises one :class:`ServiceAdvert` until closed (``async with`` works too)."""
+
+    def __init__(self, advert: ServiceAdvert, config: DiscoveryConfig | None = None) -> None:
+        self.advert = advert
+        self.config = config or DiscoveryConfig()
+        self._zc: AsyncZeroconf | None = None
+        self._info: AsyncServiceInfo | None = None
+
+    @property
+    def name(self) -> str | None:
+        """The registered instance name (zeroconf may have changed it to stay unique)."""
+        return self._info.name if self._info is not None else None
+
+    async def start(self) -> None:
+        if self._zc is not None:
+            return
+        addresses = _advertised_addresses(self.advert, self.config)
+        stype = self.config.service_type
+        label = f"polis-{self.advert.role}-{self.advert.peer_id[:16]}"
+        self._info = AsyncServiceInfo(
+            stype, f"{label}.{stype}", port=self.advert.port, properties=self.advert.to_properties(),
+            addresses=[socket.inet_aton(a) for a in addresses], server=f"{label}.local.")
+        self._zc = self.config.zeroconf()
+        await self._zc.async_register_service(self._info, allow_name_change=True)
+        log.info("advertising %s as %s on %s", self.advert.role, self._info.name, addresses)
+
+    async def close(self) -> None:
+        zc, self._zc = self._zc, None
+        if zc is None:
+            return
+        try:
+            if self._info is not None:
+                await zc.async_unregister_service(self._info)
+        finally:
+            await zc.async_close()
+
+    async def __aenter__(self) -> "LanAdvertiser":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def _resolve(zc: AsyncZeroconf, name: str, config: DiscoveryConfig) -> DiscoveredService | None:
+    try:
+        info = AsyncServiceInfo(config.service_type, name)
+        answered = await info.async_request(zc.zeroconf, int(config.resolve_timeout_s * 1000))
+    except zeroconf_errors.Error as exc:
+        log.info("discovery: cannot resolve %r: %s", name[:80], exc)
+        return None
+    if not answered:
+        log.info("discovery: %r did not answer within %.1f s", name[:80], config.resolve_timeout_s)
+        return None
+    try:
+        advert = ServiceAdvert.from_properties(info.properties or {})
+    except ProtocolViolation as exc:
+        log.info("discovery: ignoring %r: %s", name[:80], exc)
+        return None
+    addresses = tuple(a for a in info.parsed_addresses(IPVersion.V4Only))[:8]
+    return DiscoveredService(name=name, advert=advert, addresses=addresses, port=int(info.port or 0))
+
+
+async def browse(timeout_s: float, *, role: str | None = None, config: DiscoveryConfig | None = None,
+                 first_only: bool = False) -> list[DiscoveredService]:
+    """Services (optionally of one ``role``) found within ``timeout_s`` seconds.
+
+    With ``first_only`` it returns as soon as one matching service is resolved.
+    """
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    config = config or DiscoveryConfig()
+    loop = asyncio.get_running_loop()
+    names: asyncio.Queue[str] = asyncio.Queue()
+    seen: set[str] = set()
+
+    def on_change(zeroconf: Any, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        if state_change in (ServiceStateChange.Added, ServiceStateChange.Updated):
+            loop.call_soon_threadsafe(names.put_nowait, name)
+
+    found: list[DiscoveredService] = []
+    pending: set[asyncio.Task] = set()
+    zc = config.zeroconf()
+    browser = AsyncServiceBrowser(zc.zeroconf, config.service_type, handlers=[on_change])
+    deadline = loop.time() + timeout_s
+    try:
+        while loop.time() < deadline and not (first_only and found):
+            getter = asyncio.create_task(names.get(), name="discovery-next-name")
+            done, _ = await asyncio.wait(pending | {getter}, timeout=max(0.0, deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+            for task in done - {getter}:
+                pending.discard(task)
+                result = task.result()
+                if result is not None and (role is None or result.advert.role == role):
+                    found.append(result)
+            if getter in done:
+                name = getter.result()
+                if name not in seen and len(seen) < config.max_services:
+                    seen.add(name)
+                    pending.add(asyncio.create_task(_resolve(zc, name, config), name=f"discovery-resolve-{len(seen)}"))
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await browser.async_cancel()
+        await zc.async_close()
+    return found[:1] if first_only else found
+
+
+async def find_coordinator(timeout_s: float, config: DiscoveryConfig | None = None) -> DiscoveredService | None:
+    """The first coordinator that answers within ``timeout_s``, or None."""
+    found = await browse(timeout_s, role="coordinator", config=config, first_only=True)
+    return found[0] if found else None

@@ -1,0 +1,148 @@
+"""Quantised weight deltas against a shadow copy, so sender and receiver never drift.
+
+A trainer pushes its weights to inference replicas as compressed deltas. Both
+sides keep a *shadow*: the weights as the receiver knows them. The sender encodes
+``weights - shadow`` and then advances its shadow by the **decoded** delta, the
+very values the receiver adds to its own shadow, with the same float32
+operations; so the two shadows stay bit-identical however lossy the encoding,
+and whatever one round drops is still in the next round's delta.
+
+``WeightDelta`` is the message: a sequence number and one encoded tensor per
+name, with :meth:`WeightDelta.to_wire` / :meth:`WeightDelta.from_wire` for a
+``(header, payload)`` frame. A receiver refuses a delta out of sequence (it must
+resync from full weights instead).
+
+What this module does not know: links, framing, or where weights come from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from engine.net.codec_checks import require_exact_keys
+from engine.net.errors import WireFormatError
+from engine.net.tensor_codec import DEFAULT_MAX_ELEMENTS, EncodedTensor, decode_tensor, encode_tensor
+
+#: Most tensors in one delta message.
+MAX_TENSORS = 4096
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,256}\Z")
+
+
+@dataclass(frozen=True)
+class WeightDelta:
+    """Round ``seq`` of a weight stream: encoded deltas by parameter name."""
+
+    seq: int
+    tensors: dict[str, EncodedTensor]
+
+    @property
+    def wire_nbytes(self) -> int:
+        return sum(t.wire_nbytes for t in self.tensors.values())
+
+    def to_wire(self) -> tuple[dict[str, Any], bytes]:
+        """``({"seq", "tensors": [[name, header, nbytes], ...]}, concatenated payloads)``."""
+        entries = [[name, t.header, len(t.payload)] for name, t in self.tensors.items()]
+        return {"seq": self.seq, "tensors": entries}, b"".join(t.payload for t in self.tensors.values())
+
+    @classmethod
+    def from_wire(cls, header: Any, payload: Any) -> "WeightDelta":
+        """Parse an untrusted frame (tensor headers are checked later by the receiver)."""
+        header = require_exact_keys(header, {"seq", "tensors"}, what="weight delta header")
+        seq, entries = header.get("seq"), header.get("tensors")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2 ** 63:
+            raise WireFormatError("weight delta seq must be a non-negative integer")
+        if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
+            raise WireFormatError(f"weight delta tensors must be a list of at most {MAX_TENSORS}")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise WireFormatError("weight delta payload must be bytes")
+        view = memoryview(payload).cast("B") if isinstance(payload, memoryview) else memoryview(payload)
+        tensors: dict[str, EncodedTensor] = {}
+        offset = 0
+        for entry in entries:
+            if not isinstance(entry, list) or len(entry) != 3:
+                raise WireFormatError("weight delta entry must be [name, header, nbytes]")
+            name, tensor_header, nbytes = entry
+            if not isinstance(name, str) or not _NAME_RE.match(name) or name in tensors:
+                raise WireFormatError(f"bad or repeated tensor name {str(name)[:40]!r}")
+            if not isinstance(tensor_header, dict):
+                raise WireFormatError(f"{name}: tensor header must be a map")
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= view.nbytes - offset:
+                raise WireFormatError(f"{name}: payload size out of range")
+            tensors[name] = EncodedTensor(tensor_header, bytes(view[offset:offset + nbytes]))
+            offset += nbytes
+        if offset != view.nbytes:
+            raise WireFormatError(f"weight delta payload has {view.nbytes - offset} trailing bytes")
+        return cls(seq=seq, tensors=tensors)
+
+
+def _copy_weights(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.array(value, dtype=np.float32, order="C") for name, value in weights.items()}
+
+
+class DeltaSender:
+    """Encodes weights as deltas against its shadow; the shadow follows the decoded deltas."""
+
+    def __init__(self, initial: Mapping[str, np.ndarray], encoding: str = "int8_rowwise",
+                 **params: Any) -> None:
+        self._shadow = _copy_weights(initial)
+        self.encoding = encoding
+        self.params = params
+        self._seq = 0
+
+    def encode(self, weights: Mapping[str, np.ndarray]) -> WeightDelta:
+        """Delta for every tensor in ``weights`` (a subset of the names is fine)."""
+        tensors: dict[str, EncodedTensor] = {}
+        for name, value in weights.items():
+            shadow = self._shadow.get(name)
+            value = np.asarray(value, dtype=np.float32)
+            if shadow is None or value.shape != shadow.shape:
+                raise ValueError(f"{name}: not in the shadow or shape {value.shape} differs")
+            delta = value - shadow
+            encoded = encode_tensor(delta, self.encoding, **self.params)
+            decoded = decode_tensor(encoded.header, encoded.payload,
+                                    max_elements=max(1, shadow.size), expected_shape=shadow.shape)
+            self._shadow[name] = shadow + decoded
+            tensors[name] = encoded
+        message = WeightDelta(seq=self._seq, tensors=tensors)
+        self._seq += 1
+        return message
+
+    @property
+    def shadow(self) -> dict[str, np.ndarray]:
+        """A copy of the weights as the receiver holds them."""
+        return _copy_weights(self._shadow)
+
+
+class DeltaReceiver:
+    """Applies deltas in sequence to its shadow; refuses anything malformed or out of order."""
+
+    def __init__(self, initial: Mapping[str, np.ndarray], *,
+                 max_elements: int = DEFAULT_MAX_ELEMENTS) -> None:
+        self._shadow = _copy_weights(initial)
+        self._max_elements = max_elements
+        self._next_seq = 0
+
+    def apply(self, delta: WeightDelta) -> dict[str, np.ndarray]:
+        """Validate every tensor first, then apply all of them; returns the new weights (copies)."""
+        if delta.seq != self._next_seq:
+            raise WireFormatError(f"weight delta seq {delta.seq}, expected {self._next_seq}: resync needed")
+        decoded: dict[str, np.ndarray] = {}
+        for name, encoded in delta.tensors.items():
+            shadow = self._shadow.get(name)
+            if shadow is None:
+                raise WireFormatError(f"weight delta for unknown tensor {name[:40]!r}")
+            decoded[name] = decode_tensor(encoded.header, encoded.payload,
+                                          max_elements=min(self._max_elements, max(1, shadow.size)),
+                                          expected_shape=shadow.shape, expected_dtype="float32")
+        for name, value in decoded.items():
+            self._shadow[name] = self._shadow[name] + value
+        self._next_seq += 1
+        return self.weights
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        return _copy_weights(self._shadow)
