@@ -143,3 +143,37 @@ def encode_event(event: str, **fields: Any) -> str:
         raise ProtocolError(f"unknown event {event!r}")
     return json.dumps({"event": event, "t": round(time.time(), 3), **fields},
                       separators=(",", ":"), allow_nan=False) + "\n"
+
+
+# -- limits on the node's command line ------------------------------------------------
+# A supervisor passes the limits in force at start as ``--memory-cap-gb 8`` style flags
+# (one per field of LIMIT_FIELDS, name with dashes; absent = no limit) and changes them
+# later with ``set_limits``. The node builds its parser with add_limit_arguments().
+
+
+def limit_cli_flag(name: str) -> str:
+    """The command-line flag for one limit field, e.g. ``upload_mbps`` -> ``--upload-mbps``."""
+    if name not in LIMIT_FIELDS:
+        raise ProtocolError(f"unknown limit '{name}'")
+    return "--" + name.replace("_", "-")
+
+
+def limits_to_cli_args(limits: Mapping[str, Any]) -> list[str]:
+    """Validated ``limits`` as command-line flags; ``None`` (no limit) is left out."""
+    args: list[str] = []
+    for name, value in validate_limits(limits).items():
+        if value is not None:
+            args += [limit_cli_flag(name), str(value)]
+    return args
+
+
+def add_limit_arguments(parser: Any) -> None:
+    """Add one optional flag per limit field to an ``argparse`` parser (default: no limit)."""
+    for name, (kind, low, high, meaning) in LIMIT_FIELDS.items():
+        parser.add_argument(limit_cli_flag(name), dest=name, type=kind, default=None,
+                            help=f"{meaning} [{low}..{high}] (default: no limit)")
+
+
+def limits_from_args(args: Any) -> dict[str, float | int | None]:
+    """The limits parsed by :func:`add_limit_arguments`, validated (raises ProtocolError)."""
+    return validate_limits({name: getattr(args, name, None) for name in LIMIT_FIELDS})

@@ -1,0 +1,84 @@
+"""``polis`` / ``polis gui``: opens the desktop app (QApplication, main window, tray icon).
+
+Sets up the per-user settings store, the contribution totals file and the log
+files in the user data directory, then runs the Qt event loop. The node itself
+runs as a child process (see ``app.node_controller``). ``--screenshot`` saves an
+image of the window after a delay and exits (used for the README screenshot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import signal
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--minimized", action="store_true",
+                        help="start hidden in the system tray (used by the start-at-login entry)")
+    parser.add_argument("--start", action="store_true",
+                        help="start contributing right away (only if first-run consent was given)")
+    parser.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
+                        help="save a picture of the window to PNG after --screenshot-after-s seconds, then quit")
+    parser.add_argument("--screenshot-after-s", type=float, default=8.0)
+    parser.add_argument("--size", default=None, metavar="WxH", help="window size in pixels, e.g. 1200x860")
+
+
+def _log_to_file(log_dir: Path) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(log_dir / "app.log", maxBytes=2_000_000, backupCount=2,
+                                                   encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+
+
+def run(args: argparse.Namespace) -> int:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.contribution import ContributionLedger
+    from app.main_window import MainWindow
+    from app.power_policy import IdleDetector
+    from app.settings import APPLICATION, ORGANIZATION, open_qsettings
+    from engine.paths import user_data_dir
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setQuitOnLastWindowClosed(False)
+    data_dir = user_data_dir()
+    log_dir = data_dir / "logs"
+    _log_to_file(log_dir)
+    window = MainWindow(open_qsettings(), ledger=ContributionLedger(data_dir / "contribution.json"),
+                        log_dir=log_dir, idle_detector=IdleDetector())
+    if args.size:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+        window.resize(width, height)
+    if not (args.minimized and window.tray.available):
+        window.show()
+    if args.start and window.settings.consent_given:
+        window.start_node()
+    elif args.start:
+        window.show()
+        window.request_start()
+    # Let Ctrl+C in a terminal quit cleanly: Python handles signals only while it runs code.
+    signal.signal(signal.SIGINT, lambda *_: window.quit_app())
+    ticker = QTimer(window)
+    ticker.timeout.connect(lambda: None)
+    ticker.start(300)
+    app.aboutToQuit.connect(window.controller.kill_now)
+    if args.screenshot is not None:
+        def grab() -> None:
+            window.grab().save(str(args.screenshot))
+            log.info("saved screenshot to %s", args.screenshot)
+            window.quit_app()
+        QTimer.singleShot(int(args.screenshot_after_s * 1000), grab)
+    return int(app.exec())

@@ -1,0 +1,382 @@
+"""The main window: wires the node controller, the settings, the schedule and the tray to the widgets.
+
+Start asks for first-run consent, then launches the node with the settings' arguments;
+Pause stops it cleanly (freeing the machine). Events update the cards, charts,
+pipeline and log; a crash, a failed launch or a silent node shows a banner in plain
+words with Restart. The schedule (idle / AC power) pauses and resumes a running
+node. Closing the window hides it to the tray while contributing; Quit stops the
+node, then exits. Nothing here blocks: every step is a signal or a timer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtGui import QCloseEvent
+from PySide6.QtWidgets import (
+    QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QPushButton, QTabWidget, QVBoxLayout, QWidget,
+)
+
+from app import autostart, diagnostics, error_hints
+from app.contribution import ContributionLedger
+from app.icons import app_icon
+from app.node_controller import CrashReport, NodeController
+from app.power_policy import IdleDetector, MachineState, battery_state, may_run, read_machine_state
+from app.settings import SWARM_MODE_LABELS, AppSettings, load_settings, node_arguments, save_settings
+from app.settings_dialog import SettingsDialog
+from app.style import display_state_words, style_sheet
+from app.tray import TrayIcon
+from app.welcome_dialog import WelcomeDialog
+from app.widgets.banner import MessageBanner
+from app.widgets.log_view import LogView
+from app.widgets.overview import SWARM_WORDS, OverviewPage
+
+log = logging.getLogger(__name__)
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: QSettings, *, controller: NodeController | None = None,
+                 ledger: ContributionLedger, log_dir: Path | None = None, tray_available: bool | None = None,
+                 idle_detector: IdleDetector | None = None,
+                 machine_state: Callable[[], MachineState] | None = None,
+                 schedule_interval_s: float = 15.0) -> None:
+        super().__init__()
+        self.store = store
+        self.settings: AppSettings = load_settings(store)
+        self.ledger = ledger
+        self.log_dir = log_dir
+        self.controller = controller or NodeController(log_path=(log_dir / "node.log") if log_dir else None)
+        self.controller.setParent(self)
+        self.idle_detector = idle_detector
+        self._machine_state = machine_state or (lambda: read_machine_state(self.idle_detector))
+        self.display_state = "stopped"
+        self.schedule_paused = False
+        self._schedule_reason = ""
+        self._quitting = False
+        self.welcome: WelcomeDialog | None = None
+        self._last_hello: dict[str, Any] | None = None
+        self.settings_dialog: SettingsDialog | None = None
+        self.setWindowTitle("Polis")
+        self.setWindowIcon(app_icon())
+        self.setStyleSheet(style_sheet())
+        self.resize(1180, 900)
+        self._build()
+        self.tray = TrayIcon(self, available=tray_available)
+        self.tray.show_requested.connect(self.bring_to_front)
+        self.tray.toggle_requested.connect(self.toggle)
+        self.tray.quit_requested.connect(self.quit_app)
+        self._connect_controller()
+        self._schedule_timer = QTimer(self)
+        self._schedule_timer.setInterval(int(schedule_interval_s * 1000))
+        self._schedule_timer.timeout.connect(self.apply_schedule)
+        self._schedule_timer.start()
+        self._refresh_cards()
+        self._set_display_state("stopped", "Press Start to lend this computer to the swarm.")
+
+    # -- layout ---------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        root = QWidget()
+        outer = QVBoxLayout(root)
+        outer.setContentsMargins(24, 18, 24, 16)
+        outer.setSpacing(14)
+        header = QHBoxLayout()
+        header.setSpacing(12)
+        logo = QLabel()
+        logo.setPixmap(app_icon().pixmap(44, 44))
+        header.addWidget(logo)
+        titles = QVBoxLayout()
+        titles.setSpacing(0)
+        title = QLabel("Polis")
+        title.setObjectName("AppTitle")
+        self.device_label = QLabel("This computer: detected when the node starts")
+        self.device_label.setObjectName("Subtitle")
+        titles.addWidget(title)
+        titles.addWidget(self.device_label)
+        header.addLayout(titles, 1)
+        self.settings_button = QPushButton("Settings")
+        self.settings_button.clicked.connect(self.open_settings)
+        header.addWidget(self.settings_button)
+        outer.addLayout(header)
+        self.banner = MessageBanner()
+        self.banner.action_clicked.connect(self._on_banner_action)
+        outer.addWidget(self.banner)
+        self.tabs = QTabWidget()
+        outer.addWidget(self.tabs, 1)
+        self.overview = OverviewPage()
+        self.overview.hero.toggle_clicked.connect(self.toggle)
+        self.overview.set_swarm_mode(self.settings.swarm_mode)
+        # the parts tests and the tray look at directly
+        self.hero, self.cards, self.swarm_panel = self.overview.hero, self.overview.cards, self.overview.swarm_panel
+        self.swarm_chart, self.throughput_chart = self.overview.swarm_chart, self.overview.throughput_chart
+        self.pipeline = self.overview.pipeline
+        self.tabs.addTab(self.overview, "Overview")
+        self.log_view = LogView()
+        self.log_view.export_requested.connect(self._on_export_requested)
+        self.tabs.addTab(self.log_view, "Log")
+        self.setCentralWidget(root)
+
+    def _connect_controller(self) -> None:
+        c = self.controller
+        c.hello_received.connect(self._on_hello)
+        c.state_changed.connect(self._on_node_state)
+        c.status_received.connect(self.overview.show_status)
+        c.stats_received.connect(self._on_stats)
+        c.swarm_received.connect(self.overview.show_swarm)
+        c.log_received.connect(self.log_view.append)
+        c.stderr_line.connect(lambda line: self.log_view.append("stderr", line))
+        c.error_received.connect(self._on_node_error)
+        c.running_changed.connect(self._on_running_changed)
+        c.stopped.connect(self._on_stopped)
+        c.crashed.connect(self._on_crashed)
+        c.start_failed.connect(self._on_start_failed)
+        c.unresponsive.connect(self._on_unresponsive)
+
+    # -- user actions ---------------------------------------------------------------------
+
+    def toggle(self) -> None:
+        """The big button: Start when no node runs, Pause (clean stop) when one does."""
+        if self.controller.is_running:
+            if not self.controller.is_stopping:
+                self.pause_node()
+        else:
+            self.request_start()
+
+    def request_start(self) -> None:
+        """Start, after first-run consent (the welcome dialog) if it was not given yet."""
+        if not self.settings.consent_given:
+            if self.welcome is None:
+                self.welcome = WelcomeDialog(self)
+                self.welcome.accepted.connect(self._on_consent)
+                self.welcome.rejected.connect(lambda: self._set_display_state(
+                    "stopped", "Polis will not use this computer until you agree."))
+            self.welcome.open()
+            return
+        self.start_node()
+
+    def _on_consent(self) -> None:
+        self._update_settings(replace(self.settings, consent_given=True))
+        self.start_node()
+
+    def start_node(self) -> None:
+        if not self.settings.consent_given:
+            raise RuntimeError("start_node called without the user's consent")
+        self.banner.clear()
+        self.schedule_paused = False
+        self.log_view.append("info", f"starting the node ({SWARM_WORDS[self.settings.swarm_mode].lower()})")
+        self.controller.start(node_arguments(self.settings))
+        self._set_display_state("starting", "Launching the node…")
+
+    def pause_node(self) -> None:
+        self.controller.stop()
+        self._set_display_state("stopping", "Leaving the swarm and freeing this computer…")
+
+    def restart_node(self) -> None:
+        self.banner.clear()
+        self.controller.restart(node_arguments(self.settings))
+        self._set_display_state("starting", "Restarting the node…")
+
+    def bring_to_front(self) -> None:
+        self.showNormal()
+        self.raise_()
+        self.activateWindow()
+
+    def open_settings(self) -> None:
+        on_battery, _ = battery_state()
+        idle = self.idle_detector
+        self.settings_dialog = SettingsDialog(
+            self.settings, hello=self.controller.hello or self._last_hello,
+            idle_supported=bool(idle and idle.supported),
+            idle_reason=idle.unsupported_reason if idle else "Idle detection is not available.",
+            has_battery=on_battery, parent=self)
+        self.settings_dialog.accepted.connect(lambda: self.apply_settings(self.settings_dialog.result_settings()))
+        self.settings_dialog.open()
+
+    def apply_settings(self, new: AppSettings) -> None:
+        """Save new settings and apply them: limits to a running node now, login entry, schedule."""
+        old = self.settings
+        self._update_settings(new)
+        self.overview.set_swarm_mode(self.settings.swarm_mode)
+        if self.controller.is_running and new.limits != old.limits:
+            self.controller.set_limits(self.settings.limits)
+            self.log_view.append("info", "sent new limits to the node")
+        if new.start_at_login != old.start_at_login:
+            try:
+                autostart.set_start_at_login(new.start_at_login)
+            except autostart.AutostartError as exc:
+                self.banner.show_message("warning", "Start at login could not be changed", str(exc))
+        if self.controller.is_running and (new.swarm_mode, new.coordinator_url) != (old.swarm_mode,
+                                                                                     old.coordinator_url):
+            self.banner.show_message("info", "Swarm setting saved",
+                                     f"Your node will use “{SWARM_MODE_LABELS[new.swarm_mode]}” from its next start.",
+                                     actions=(("restart", "Restart now"), ("dismiss", "Later")))
+        self.apply_schedule()
+
+    def _update_settings(self, new: AppSettings) -> None:
+        save_settings(self.store, new)
+        self.settings = new.validated()
+
+    def export_diagnostics_to(self, path: Path) -> Path:
+        files = sorted(self.log_dir.glob("*.log*")) if self.log_dir and self.log_dir.is_dir() else []
+        return diagnostics.export_diagnostics(path, settings=self.settings,
+                                              hello=self.controller.hello or self._last_hello,
+                                              log_lines=self.log_view.lines(), log_files=files)
+
+    def _on_export_requested(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export diagnostics", str(Path.home() / "polis-diagnostics.zip"),
+                                              "Zip archives (*.zip)")
+        if not path:
+            return
+        try:
+            written = self.export_diagnostics_to(Path(path))
+        except OSError as exc:
+            self.banner.show_message("error", "Diagnostics could not be saved", str(exc),
+                                     "Choose another folder and try again.")
+            return
+        self.banner.show_message("info", "Diagnostics saved", f"{written} (no keys or tokens inside).")
+
+    def _on_banner_action(self, name: str) -> None:
+        if name == "restart":
+            self.restart_node()
+        elif name == "show_log":
+            self.tabs.setCurrentWidget(self.log_view)
+        else:
+            self.banner.clear()
+
+    # -- schedule -------------------------------------------------------------------------
+
+    def apply_schedule(self) -> None:
+        """Pause a running node the schedule does not allow now; resume it when it does again."""
+        if not self.controller.is_running or self.controller.is_stopping:
+            return
+        allowed, reason = may_run(self.settings, self._machine_state())
+        if not allowed and not self.schedule_paused:
+            self.schedule_paused = True
+            self._schedule_reason = reason
+            self.controller.pause()
+            self.log_view.append("info", reason)
+            self._set_display_state("waiting", reason)
+        elif allowed and self.schedule_paused:
+            self.schedule_paused = False
+            self.controller.resume()
+            self.log_view.append("info", "schedule allows contributing again; resuming")
+
+    # -- node events ----------------------------------------------------------------------
+
+    def _on_hello(self, hello: dict) -> None:
+        self._last_hello = hello
+        memory = hello.get("memory_gb")
+        memory_words = f" · {memory:g} GB" if isinstance(memory, (int, float)) and not isinstance(memory, bool) else ""
+        self.device_label.setText(f"This computer: {str(hello.get('device') or 'unknown device')[:80]}{memory_words}"
+                                  f" · backend {str(hello.get('backend') or '?')[:30]}")
+        if hello.get("key_storage") == "file":
+            self.log_view.append("warning", "No usable system keyring: your identity key is kept in a private "
+                                            "file in the Polis data folder.")
+        self.apply_schedule()
+
+    def _on_node_state(self, state: str, detail: str) -> None:
+        if state == "contributing" and self.banner.kind == "warning":
+            self.banner.clear()
+        if self.schedule_paused and state == "paused":
+            self._set_display_state("waiting", self._schedule_reason)
+            return
+        self._set_display_state(state, detail)
+        if state in ("contributing", "loading", "connecting"):
+            self.apply_schedule()
+
+    def _on_stats(self, stats: dict) -> None:
+        self.ledger.update(stats)
+        self.overview.show_stats(stats, self.ledger.session, self.ledger.all_time)
+
+    def _on_node_error(self, event: dict) -> None:
+        message, hint = str(event.get("message"))[:500], str(event.get("hint") or "")[:500]
+        self.log_view.append("error", message)
+        self.banner.show_message("error" if event.get("fatal") else "warning",
+                                 "The node reported a problem", message, hint,
+                                 actions=(("show_log", "Show log"), ("dismiss", "Dismiss")))
+
+    def _on_running_changed(self, running: bool) -> None:
+        self.hero.set_running(running)
+        if not running:
+            self.ledger.end_run()
+            self._refresh_cards()
+        self._update_tray()
+
+    def _on_stopped(self) -> None:
+        self.schedule_paused = False
+        self._set_display_state("stopped", "Paused. Press Start to contribute again.")
+        self.log_view.append("info", "node stopped")
+
+    def _on_crashed(self, report: CrashReport) -> None:
+        msg = error_hints.explain_crash(report.exit_code, report.killed_by_signal, report.stderr_tail)
+        self._show_failure(msg)
+
+    def _on_start_failed(self, error: str) -> None:
+        self._show_failure(error_hints.explain_start_failure(error, self.controller.node_command[0]))
+
+    def _on_unresponsive(self, silent_s: float) -> None:
+        msg = error_hints.explain_unresponsive(silent_s)
+        self.banner.show_message("warning", msg.title, msg.detail, msg.next_step,
+                                 actions=(("restart", "Restart"), ("show_log", "Show log"), ("dismiss", "Dismiss")))
+
+    def _show_failure(self, msg: error_hints.UserMessage) -> None:
+        self.log_view.append("error", f"{msg.title}: {msg.detail}")
+        self.banner.show_message("error", msg.title, msg.detail, msg.next_step,
+                                 actions=(("restart", "Restart"), ("show_log", "Show log")))
+        self._set_display_state("error", "See the message above.")
+        self.tray.notify(msg.title, msg.detail)
+        if self._quitting:
+            QApplication.quit()
+
+    # -- display --------------------------------------------------------------------------
+
+    def _set_display_state(self, state: str, detail: str) -> None:
+        self.display_state = state
+        self.overview.set_display_state(state, detail)
+        self._update_tray()
+
+    def _update_tray(self) -> None:
+        tray_state = {"contributing": "contributing", "error": "error", "waiting": "waiting"}.get(
+            self.display_state, "idle")
+        self.tray.set_state(tray_state, display_state_words(self.display_state), self.controller.is_running)
+
+    def _refresh_cards(self) -> None:
+        self.overview.show_totals(self.ledger.session, self.ledger.all_time)
+
+    # -- closing --------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
+        if self._quitting:
+            event.accept()
+            return
+        if self.controller.is_running and self.tray.available:
+            event.ignore()
+            self.hide()
+            if not self.settings.tray_notice_shown:
+                self.tray.notify("Polis keeps contributing",
+                                 "Polis is still running in the tray. Choose Quit from its menu to stop it.")
+                self._update_settings(replace(self.settings, tray_notice_shown=True))
+            return
+        event.ignore()
+        self.quit_app()
+
+    def quit_app(self) -> None:
+        """Stop the node cleanly (bounded by the controller's timeouts), then exit the application."""
+        self._quitting = True
+        self.ledger.save()
+        self.hide()
+        self.tray.hide()
+        if not self.controller.is_running:
+            QApplication.quit()
+            return
+        self.controller.stopped.connect(QApplication.quit)
+        self.controller.stop()
+        deadline_ms = int((self.controller.stop_timeout_s + self.controller.kill_timeout_s + 2) * 1000)
+        QTimer.singleShot(deadline_ms, self._force_quit)
+
+    def _force_quit(self) -> None:
+        self.controller.kill_now()
+        QApplication.quit()
