@@ -17,7 +17,6 @@ import collections
 import logging
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Mapping
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from engine.control_protocol import MAX_LINE_BYTES, ProtocolError, encode_command, parse_event
+from engine.self_command import polis_command
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,7 @@ def default_node_command() -> list[str]:
     override = os.environ.get(NODE_COMMAND_ENV)
     if override:
         return shlex.split(override)
-    if getattr(sys, "frozen", False):
-        return [sys.executable, "node"]
-    return [sys.executable, "-m", "engine.cli", "node"]
+    return polis_command("node")
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,10 @@ class Store:
                               versions=json.loads(r[5]), min_version=r[6], reward=r[7], advantage=r[8])
                 for r in rows]
 
+    def ready_group_count(self) -> int:
+        row = self._db.execute("SELECT COUNT(DISTINCT group_id) FROM rollouts WHERE state = 'ready'").fetchone()
+        return int(row[0])
+
     def mark_rollouts(self, ids: Iterable[int], state: str) -> None:
         if state not in ("ready", "consumed", "dropped"):
             raise ValueError(f"unknown rollout state {state!r}")

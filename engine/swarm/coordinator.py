@@ -1,0 +1,387 @@
+"""The coordinator service: signalling, membership, stage assignment, the stats API.
+
+One aiohttp application serves:
+
+* ``/signal`` — the WebRTC signalling relay (``engine.net.signalling``);
+* ``/node`` — each node's control websocket: a signed challenge proves the
+  node's identity, then the coordinator assigns a stage (least-covered first),
+  says where to load it from (keep / stage checkpoint / a live replica), and
+  exchanges job messages (``engine.swarm.messages``) with it;
+* ``/api/stats`` (GET) — JSON for the GUI and ``polis demo``; ``/api/eval`` and
+  ``/api/finish`` (POST, admin token) — ask for an eval / end training.
+
+Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
+(``engine.swarm.store``), so a restarted coordinator resumes where it stopped
+and nodes simply reconnect. Scheduling is ``engine.swarm.scheduler``. The
+coordinator never receives activations or weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from backends.base import StageSpec
+from engine import __version__
+from engine.model.shard_plan import plan_stages
+from engine.net.errors import AuthenticationError, ProtocolViolation
+from engine.net.identity import peer_id_for, verify_signature
+from engine.net.signalling import SignallingServer
+from engine.rl.codec import TaskCodec
+from engine.swarm import messages
+from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
+from engine.swarm.node import hello_bytes
+from engine.swarm.run_config import RunConfig, run_config_from_dict
+from engine.swarm.scheduler import RunScheduler
+from engine.swarm.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """How the coordinator runs.
+
+    db_path: SQLite file holding the run (created if missing; resumed if present).
+    base_checkpoint: the model every stage is cut from (config.json + safetensors + tokenizer).
+    host / port: where to listen (port 0 = any free port).
+    num_stages: pipeline stages the model is cut into (fixed for the life of a run).
+    run: the RL run settings (used only when the database holds no run yet).
+    admin_token: required by POST endpoints (None = a random one, see ``admin_token``).
+    job_timeout_s: a generation job unanswered this long is re-queued.
+    step_timeout_s: a training step unfinished this long is aborted (its rollouts stay).
+    tick_s: scheduling period.
+    """
+
+    db_path: str
+    base_checkpoint: str
+    host: str = "127.0.0.1"
+    port: int = 8700
+    num_stages: int = 2
+    run: RunConfig = field(default_factory=RunConfig)
+    admin_token: str | None = None
+    job_timeout_s: float = 60.0
+    step_timeout_s: float = 120.0
+    tick_s: float = 0.05
+
+
+@dataclass
+class NodeSession:
+    peer_id: str
+    ws: web.WebSocketResponse
+    backend: str
+    device: str
+    stage: int | None = None
+    ready: bool = False
+    version: int = 0
+    joined: float = field(default_factory=time.time)
+
+
+class Coordinator:
+    """``await c.start()`` serves until ``await c.stop()``."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.store = Store(config.db_path)
+        self.codec = TaskCodec.from_dir(config.base_checkpoint)
+        from engine.model.config import ModelConfig
+
+        self.model_config = ModelConfig.from_file(Path(config.base_checkpoint) / "config.json")
+        stored = self.store.get_meta("run")
+        self.run = run_config_from_dict(stored) if stored else config.run
+        self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
+        self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)
+        self.store.set_meta("run", self.run.to_dict())
+        self.store.set_meta("num_stages", self.num_stages)
+        self.store.set_meta("run_id", self.run_id)
+        self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
+        self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
+        self.admin_token = config.admin_token or secrets.token_urlsafe(16)
+        self.sessions: dict[str, NodeSession] = {}
+        self.signalling = SignallingServer()
+        self.scheduler = RunScheduler(self.run, self.store, self.codec, self.send, self.routes, self.stage_replicas,
+                                      config.job_timeout_s, config.step_timeout_s)
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._train_task: asyncio.Task | None = None
+        self.url = ""
+        self.started = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> str:
+        app = web.Application(client_max_size=1024 * 1024)
+        self.signalling.add_routes(app, "/signal")
+        app.router.add_get("/node", self._node_ws)
+        app.router.add_get("/api/stats", self._stats)
+        app.router.add_post("/api/eval", self._admin(self._post_eval))
+        app.router.add_post("/api/finish", self._admin(self._post_finish))
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{self.config.host}:{port}"
+        self._tasks.append(asyncio.get_running_loop().create_task(self._tick_loop(), name="polis-coord-tick"))
+        log.info("coordinator %s serving run %s (version %d) at %s", __version__, self.run_id,
+                 self.scheduler.version, self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, self._train_task]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in [*self._tasks, self._train_task] if t], return_exceptions=True)
+        for session in list(self.sessions.values()):
+            await session.ws.close()
+        await self.signalling.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.store.close()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            self.scheduler.expire_jobs()
+            await self.scheduler.fill_generation()
+            if self._train_task is None or self._train_task.done():
+                if self._train_task is not None and not self._train_task.cancelled() and self._train_task.exception():
+                    log.error("training step crashed", exc_info=self._train_task.exception())
+                self._train_task = asyncio.get_running_loop().create_task(self.scheduler.maybe_train(),
+                                                                          name="polis-coord-step")
+
+    # ------------------------------------------------------------------ topology
+    def stage_replicas(self) -> list[list[str]]:
+        out: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for s in self.sessions.values():
+            if s.ready and s.stage is not None:
+                out[s.stage].append(s.peer_id)
+        return [sorted(ids) for ids in out]
+
+    def routes(self) -> list[list[str]]:
+        """Complete pipelines: route r takes replica r (mod count) of every stage."""
+        replicas = self.stage_replicas()
+        if not all(replicas):
+            return []
+        width = max(len(ids) for ids in replicas)
+        return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
+
+    async def send(self, peer_id: str, message: dict) -> bool:
+        session = self.sessions.get(peer_id)
+        if session is None or session.ws.closed:
+            return False
+        try:
+            await session.ws.send_str(json.dumps(message, separators=(",", ":")))
+            return True
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("could not send %s to %s: %s", message.get("type"), peer_id, exc)
+            return False
+
+    async def _broadcast_members(self) -> None:
+        members = [[] for _ in range(self.num_stages)]
+        for s in self.sessions.values():
+            if s.stage is not None:
+                members[s.stage].append(s.peer_id)
+        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.scheduler.version}
+        for peer in list(self.sessions):
+            await self.send(peer, message)
+
+    def _welcome(self, session: NodeSession, stage: int, hello: dict) -> dict:
+        spec = self.specs[stage]
+        ready = [p for p in self.stage_replicas()[stage] if p != session.peer_id]
+        keep = (hello["stage"] == stage and hello["num_stages"] == self.num_stages
+                and hello["run_id"] == self.run_id)
+        source, source_peer, checkpoint = "checkpoint", None, None
+        if keep:
+            source = "keep"
+        elif ready and self.scheduler.version > 0:
+            source, source_peer = "peer", ready[0]
+        else:
+            checkpoint = self.scheduler.checkpoints.get(stage)
+        return {"type": "welcome", "stage": stage, "num_stages": self.num_stages, "layer_start": spec.layer_start,
+                "layer_end": spec.layer_end, "num_layers": self.model_config.num_hidden_layers, "source": source,
+                "source_peer": source_peer, "stage_checkpoint": checkpoint, "version": self.scheduler.version,
+                "run": self.run.to_dict(), "run_id": self.run_id,
+                "signal_url": self.url.replace("http://", "ws://", 1) + "/signal"}
+
+    # ------------------------------------------------------------------ node sessions
+    async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=messages.MAX_WS_MESSAGE_CHARS)
+        await ws.prepare(request)
+        session: NodeSession | None = None
+        try:
+            hello = await self._authenticate(ws)
+            if hello is None:
+                return ws
+            session = await self._admit(ws, hello)
+            if session is None:
+                return ws
+            strikes = 0
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    break
+                try:
+                    data = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data))
+                    self._on_node_message(session, data)
+                except (ValueError, ProtocolViolation) as exc:
+                    strikes += 1
+                    log.warning("invalid message from %s (%d strikes): %s", session.peer_id, strikes, exc)
+                    if strikes >= 8:
+                        break
+        finally:
+            if session is not None and self.sessions.get(session.peer_id) is session:
+                await self._node_left(session)
+            if not ws.closed:
+                await ws.close()
+        return ws
+
+    async def _authenticate(self, ws: web.WebSocketResponse) -> dict | None:
+        nonce = secrets.token_hex(16)
+        await ws.send_json({"type": "challenge", "nonce": nonce})
+        try:
+            msg = await ws.receive(timeout=15.0)
+            hello = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data)) if msg.type == WSMsgType.TEXT else None
+            if hello is None or hello["type"] != "hello":
+                raise ProtocolViolation("expected hello")
+            public_key = base64.b64decode(hello["public_key"], validate=True)
+            signature = base64.b64decode(hello["signature"], validate=True)
+            if peer_id_for(public_key) != hello["peer_id"]:
+                raise AuthenticationError("peer id does not match the public key")
+            verify_signature(public_key, hello_bytes(nonce, public_key), signature)
+        except (asyncio.TimeoutError, ValueError, binascii.Error, ProtocolViolation, AuthenticationError) as exc:
+            log.warning("refused a node: %s", exc)
+            await ws.send_json({"type": "shutdown", "reason": f"not admitted: {exc}"[:500]})
+            return None
+        hello["_public_key"] = public_key
+        return hello
+
+    async def _admit(self, ws: web.WebSocketResponse, hello: dict) -> NodeSession | None:
+        peer_id = hello["peer_id"]
+        old = self.sessions.pop(peer_id, None)
+        if old is not None:
+            remove_node(self.assignment, peer_id)
+            await old.ws.close()
+        session = NodeSession(peer_id, ws, hello["backend"], hello["device"])
+        slot = NodeSlot(peer_id, max_layers=hello["max_layers"])
+        preferred = hello["stage"]
+        if preferred is not None and hello["run_id"] == self.run_id and hello["num_stages"] == self.num_stages:
+            self.assignment.nodes[peer_id] = slot
+            slot.stage = preferred
+            if hello["version"] > self.scheduler.version:  # we lost a step record; never go backwards
+                self.scheduler.version = hello["version"]
+                self.store.set_meta("version", hello["version"])
+            stage = preferred
+        else:
+            stage = assign_new_node(self.assignment, slot)
+        if stage is None:
+            await ws.send_json({"type": "shutdown", "reason": "this node cannot hold any stage of the model "
+                                                              "(raise its memory limit)"})
+            return None
+        welcome = self._welcome(session, stage, hello)
+        if welcome["source"] == "checkpoint" and not hello["has_base"]:
+            await ws.send_json({"type": "shutdown", "reason": "no copy of the model here and no replica to "
+                                                              "fetch it from; try again when a replica is up"})
+            remove_node(self.assignment, peer_id)
+            return None
+        session.stage = stage
+        self.sessions[peer_id] = session
+        self.store.upsert_peer(peer_id, hello["public_key"], backend=hello["backend"], device=hello["device"],
+                               stage=stage)
+        await ws.send_json(welcome)
+        await self._broadcast_members()
+        log.info("node %s joins stage %d (%s, from %s)", peer_id, stage, hello["backend"], welcome["source"])
+        return session
+
+    def _on_node_message(self, session: NodeSession, m: dict) -> None:
+        kind = m["type"]
+        sched = self.scheduler
+        if kind == "ready":
+            session.ready = m["stage"] == session.stage
+            session.version = m["version"]
+            asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
+        elif kind == "gen_done":
+            sched.on_gen_done(session.peer_id, m)
+        elif kind == "job_failed":
+            if session.peer_id in getattr(sched.jobs.get(m["job"]), "route", ()):
+                sched.on_job_failed(m["job"], m["reason"])
+        elif kind == "mb_loss":
+            sched.on_mb_loss(session.peer_id, m)
+        elif kind == "mb_done":
+            sched.on_mb_done(session.peer_id, m)
+        elif kind == "mb_failed":
+            sched.on_mb_failed(session.peer_id, m)
+        elif kind == "stepped":
+            session.version = m["version"]
+            sched.on_stepped(session.peer_id, m)
+        elif kind == "report":
+            self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
+        elif kind == "hello":
+            raise ProtocolViolation("hello twice")
+
+    async def _node_left(self, session: NodeSession) -> None:
+        del self.sessions[session.peer_id]
+        remove_node(self.assignment, session.peer_id)
+        log.info("node %s left stage %s", session.peer_id, session.stage)
+        self.scheduler.on_node_lost(session.peer_id)
+        for peer_id, old_stage, new_stage in rebalance(self.assignment):
+            moved = self.sessions.get(peer_id)
+            if moved is None:
+                continue
+            log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
+            moved.stage, moved.ready = new_stage, False
+            await self.send(peer_id, self._welcome(moved, new_stage, {"stage": None, "num_stages": None,
+                                                                       "run_id": None}))
+        await self._broadcast_members()
+
+    # ------------------------------------------------------------------ HTTP API
+    def _admin(self, handler):
+        async def guarded(request: web.Request) -> web.Response:
+            token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(token, self.admin_token):
+                return web.json_response({"error": "admin token required"}, status=403)
+            return await handler(request)
+        return guarded
+
+    async def _post_eval(self, request: web.Request) -> web.Response:
+        self.scheduler.request_eval()
+        return web.json_response({"eval_of_version": self.scheduler.version})
+
+    async def _post_finish(self, request: web.Request) -> web.Response:
+        self.scheduler.finished = True
+        self.scheduler.request_eval()
+        return web.json_response({"finished_at_version": self.scheduler.version})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        sched = self.scheduler
+        replicas = self.stage_replicas()
+        ledger = self.store.ledger()
+        return {
+            "run_id": self.run_id, "version": sched.version, "finished": sched.finished,
+            "task": self.run.task.name, "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
+            "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
+                        "replicas": replicas[i]} for i, spec in enumerate(self.specs)],
+            "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
+                       "version": s.version} for s in self.sessions.values()],
+            "evals": self.store.evals(), "eval_running": sched.eval_round is not None,
+            "versions": [{"version": v["version"], "reward": v["reward"]} for v in self.store.versions()],
+            "steps": sched.step_log[-50:], "rollouts": self.store.rollout_counts(),
+            "received_rollouts": sched.received_rollouts, "jobs_in_flight": len(sched.jobs),
+            "staleness_histogram": {str(k): v for k, v in sorted(sched.staleness_hist.items())},
+            "counters": dict(sched.stats), "update_bytes": sched.update_bytes,
+            "dense_update_bytes": sched.dense_update_bytes, "ledger": ledger,
+            "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
+            "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),
+        }

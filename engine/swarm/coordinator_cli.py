@@ -1,0 +1,94 @@
+"""``polis coordinator``: serve a swarm's coordinator until interrupted.
+
+The run lives in ``--db`` (SQLite): starting again with the same file resumes
+it (version, rollouts, evals, ledger). Run settings given on the command line
+apply only when the database holds no run yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import replace
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", required=True, help="SQLite file of the run (created or resumed)")
+    parser.add_argument("--checkpoint", default=None, help="base checkpoint directory (default: the shipped one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for a LAN)")
+    parser.add_argument("--port", type=int, default=8700, help="port to listen on (0: any free port)")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages the model is cut into")
+    parser.add_argument("--task", default=None, help="task name (reversal, sorting, addition)")
+    parser.add_argument("--max-versions", type=int, default=None, help="stop training at this policy version")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--admin-token-file", default=None,
+                        help="write the admin token (for POST /api/eval, /api/finish) to this file")
+    parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
+
+
+def build_config(args):
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.coordinator import CoordinatorConfig
+    from engine.swarm.run_config import RunConfig
+
+    run = RunConfig()
+    if args.task:
+        run = replace(run, task=replace(run.task, name=args.task))
+    if args.max_versions is not None:
+        run = replace(run, max_versions=args.max_versions)
+    if args.seed is not None:
+        run = replace(run, seed=args.seed)
+    return CoordinatorConfig(db_path=args.db, base_checkpoint=args.checkpoint or str(base_checkpoint_dir()),
+                             host=args.host, port=args.port, num_stages=args.stages, run=run)
+
+
+async def _serve(args) -> int:
+    from engine.swarm.coordinator import Coordinator
+
+    coordinator = Coordinator(build_config(args))
+    url = await coordinator.start()
+    if args.admin_token_file:
+        import os
+
+        fd = os.open(args.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(coordinator.admin_token)
+    advertiser = None
+    if args.lan:
+        from engine import __version__
+        from engine.net.discovery import LanAdvertiser, ServiceAdvert
+
+        advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
+                                                 signalling_url=url, version=__version__))
+        await advertiser.start()
+    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.scheduler.version})",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await stop.wait()
+    finally:
+        if advertiser is not None:
+            await advertiser.close()
+        await coordinator.stop()
+    return 0
+
+
+def run(args) -> int:
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        print(f"polis coordinator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,232 @@
+"""``polis demo``: a whole swarm on this machine, learning, over real WebRTC.
+
+Starts a coordinator and ``stages x replicas`` nodes as separate processes on
+127.0.0.1 (each node holds only its own stage and talks to the others only
+over WebRTC data channels), shows live progress (policy version, reward, eval
+accuracy, tokens/s, bytes on the wire, staleness), then ends training, runs a
+final held-out eval and prints a before/after table. ``--json`` prints a
+summary object as the last line.
+
+It only starts processes and reads the coordinator's stats API; everything it
+shows is measured by the swarm itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engine.self_command import polis_command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
+    parser.add_argument("--replicas", type=int, default=2, help="nodes per stage (default 2)")
+    parser.add_argument("--minutes", type=float, default=7.0, help="training time budget (default 7)")
+    parser.add_argument("--max-versions", type=int, default=0, help="stop at this policy version (0: time only)")
+    parser.add_argument("--backend", default="auto", help="backend of every node (auto, torch, mlx)")
+    parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")
+    parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    parser.add_argument("--quiet", action="store_true", help="no live progress lines")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, token: str) -> dict[str, Any]:
+    request = urllib.request.Request(url, method="POST", data=b"", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5.0) as response:
+        return json.loads(response.read())
+
+
+class DemoSwarm:
+    """The processes of one demo run and their log files."""
+
+    def __init__(self, run_dir: Path, args: argparse.Namespace) -> None:
+        self.run_dir = run_dir
+        self.args = args
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[subprocess.Popen] = []
+        self.token_file = run_dir / "admin-token"
+
+    def _spawn(self, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.run_dir / f"{name}.log", "wb")
+        env = dict(os.environ, POLIS_TORCH_THREADS="1", OMP_NUM_THREADS="1")
+        proc = subprocess.Popen(polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start(self) -> None:
+        a = self.args
+        coordinator = ["-v", "coordinator", "--db", str(self.run_dir / "coordinator.db"), "--port", str(self.port),
+                       "--stages", str(a.stages), "--admin-token-file", str(self.token_file)]
+        if a.checkpoint:
+            coordinator += ["--checkpoint", a.checkpoint]
+        if a.max_versions:
+            coordinator += ["--max-versions", str(a.max_versions)]
+        self._spawn("coordinator", *coordinator)
+        deadline = time.monotonic() + 60
+        while not self._alive():
+            if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError(f"the coordinator did not start; see {self.run_dir / 'coordinator.log'}")
+            time.sleep(0.2)
+        for i in range(a.stages * a.replicas):
+            node = ["-v", "node", "--coordinator", self.url, "--identity", f"demo-node-{i}",
+                    "--data-dir", str(self.run_dir / f"node{i}"), "--backend", a.backend]
+            if a.checkpoint:
+                node += ["--checkpoint", a.checkpoint]
+            self._spawn(f"node{i}", *node)
+
+    def _alive(self) -> bool:
+        try:
+            _get(self.url + "/api/stats", 1.0)
+            return True
+        except OSError:
+            return False
+
+    def stats(self) -> dict[str, Any]:
+        return _get(self.url + "/api/stats")
+
+    def finish(self) -> None:
+        _post(self.url + "/api/finish", self.token_file.read_text().strip())
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _progress_line(stats: dict[str, Any], elapsed_s: float, tok_rate: float) -> str:
+    evals = stats["evals"]
+    steps = stats["steps"]
+    last = steps[-1] if steps else {}
+    ready = sum(1 for n in stats["nodes"] if n["ready"])
+    acc = " ".join(f"v{e['version']}:{e['accuracy']:.0%}" for e in evals[-4:]) or "-"
+    return (f"[{elapsed_s:5.0f}s] nodes {ready}/{len(stats['nodes'])}  version {stats['version']:3d}  "
+            f"reward {last.get('reward', 0.0):.3f}  eval {acc}  {tok_rate:6.0f} tok/s  "
+            f"wire {stats['bytes_on_wire'] / 1e6:6.1f} MB  staleness {last.get('staleness_mean', 0.0):.2f}")
+
+
+def run(args: argparse.Namespace) -> int:
+    keep = args.run_dir is not None
+    run_dir = Path(args.run_dir) if keep else Path(tempfile.mkdtemp(prefix="polis-demo-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    swarm = DemoSwarm(run_dir, args)
+    started = time.monotonic()
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        print(f"Starting a swarm on this machine: 1 coordinator + {args.stages} stages x {args.replicas} replicas "
+              f"= {args.stages * args.replicas} node processes, talking over WebRTC on 127.0.0.1.", file=out)
+        print(f"Logs: {run_dir}", file=out)
+        swarm.start()
+        stats = _watch(swarm, args, started, out)
+        summary = _summary(stats, time.monotonic() - started, args)
+        _print_table(summary, stats, out)
+        if args.json:
+            print(json.dumps(summary))
+        return 0 if summary["eval_after"] is not None else 1
+    except KeyboardInterrupt:
+        print("\nInterrupted.", file=out)
+        return 130
+    except RuntimeError as exc:
+        print(f"polis demo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        swarm.stop()
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> dict[str, Any]:
+    budget_s = args.minutes * 60.0
+    finish_sent = False
+    last_tokens, last_t = 0.0, time.monotonic()
+    stats = swarm.stats()
+    last_print = 0.0
+    while True:
+        time.sleep(1.0)
+        for proc in swarm.procs[:1]:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the coordinator exited; see {swarm.run_dir / 'coordinator.log'}")
+        stats = swarm.stats()
+        now = time.monotonic()
+        rate = (stats["tokens_generated"] - last_tokens) / max(now - last_t, 1e-6)
+        last_tokens, last_t = stats["tokens_generated"], now
+        elapsed = now - started
+        if not args.quiet and now - last_print >= 5.0:
+            print(_progress_line(stats, elapsed, rate), file=out, flush=True)
+            last_print = now
+        if not finish_sent and (elapsed >= budget_s or stats["finished"]):
+            swarm.finish()
+            finish_sent = True
+            final_version = stats["version"]
+            print(f"Training ends at version {final_version}; final held-out eval...", file=out, flush=True)
+        if finish_sent:
+            done = [e for e in stats["evals"] if e["version"] >= final_version and e["version"] > 0]
+            if done and not stats["eval_running"]:
+                return stats
+            if elapsed > budget_s + 240:
+                raise RuntimeError("the final eval did not finish within 4 minutes")
+
+
+def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+    evals = stats["evals"]
+    before = next((e["accuracy"] for e in evals if e["version"] == 0), None)
+    after = evals[-1]["accuracy"] if evals and evals[-1]["version"] > 0 else None
+    counts = stats["rollouts"]
+    return {
+        "eval_before": before, "eval_after": after, "seconds": round(seconds, 1),
+        "nodes": args.stages * args.replicas, "stages": args.stages, "versions": stats["version"],
+        "rollouts_lost": max(0, stats["received_rollouts"] - sum(counts.values())),
+        "rollouts": counts, "bytes_on_wire": int(stats["bytes_on_wire"]),
+        "tokens_generated": int(stats["tokens_generated"]),
+        "update_bytes_ratio_vs_dense": (stats["update_bytes"] / stats["dense_update_bytes"]
+                                        if stats["dense_update_bytes"] else None),
+        "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],
+        "eval_curve": [[e["version"], e["accuracy"]] for e in evals],
+    }
+
+
+def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
+    before, after = summary["eval_before"], summary["eval_after"]
+    fmt = lambda x: "n/a" if x is None else f"{100 * x:5.1f} %"  # noqa: E731
+    print("", file=out)
+    print(f"Held-out exact match on '{summary['task']}' ({stats['evals'][-1]['n'] if stats['evals'] else 0} "
+          "prompts, greedy):", file=out)
+    print(f"  before RL (version 0)      {fmt(before)}", file=out)
+    print(f"  after RL  (version {summary['versions']:<4d})   {fmt(after)}", file=out)
+    if before is not None and after is not None:
+        print(f"  change                     {100 * (after - before):+5.1f} points", file=out)
+    print(f"Run: {summary['seconds']:.0f} s, {summary['nodes']} nodes, {summary['stages']} stages, "
+          f"{summary['tokens_generated']} tokens generated, {summary['bytes_on_wire'] / 1e6:.1f} MB on the wire, "
+          f"rollouts lost: {summary['rollouts_lost']}", file=out)

@@ -1,0 +1,182 @@
+"""``polis node``: run a node from the command line, optionally supervised over JSON lines.
+
+Swarm choice (exactly one): ``--coordinator URL``; ``--lan`` (find a coordinator
+with zeroconf, or host one if none answers); ``--demo`` (host a local
+coordinator plus one helper node so a two-stage swarm runs on this machine).
+
+With ``--control stdio`` the node speaks ``engine.control_protocol``: commands
+on stdin, events on stdout (logs on stderr). It starts contributing at once;
+``pause`` leaves the swarm but keeps the process, ``start`` rejoins, ``stop`` (or
+end of stdin) exits 0. Limits arrive as flags and later as ``set_limits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine import __version__
+from engine.control_protocol import (ProtocolError, add_limit_arguments, encode_event, limits_from_args,
+                                     parse_command)
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    swarm = parser.add_mutually_exclusive_group()
+    swarm.add_argument("--coordinator", metavar="URL", help="coordinator to join, e.g. http://10.0.0.5:8700")
+    swarm.add_argument("--lan", action="store_true", help="find a coordinator on the LAN (host one if none)")
+    swarm.add_argument("--demo", action="store_true", help="host a local two-stage demo swarm on this machine")
+    parser.add_argument("--control", choices=["stdio", "none"], default="none",
+                        help="stdio: JSON-lines commands on stdin, events on stdout (for the desktop app)")
+    parser.add_argument("--backend", default="auto", help="stage backend: auto, torch or mlx (default: auto)")
+    parser.add_argument("--device", default=None, help="device override, e.g. cpu, cuda:1, mps")
+    parser.add_argument("--checkpoint", default=None, help="base checkpoint directory (default: the shipped one)")
+    parser.add_argument("--data-dir", default=None, help="where this node keeps its identity and stage checkpoints")
+    parser.add_argument("--identity", default="node", help="name of this node's identity (several nodes per machine)")
+    parser.add_argument("--max-layers", type=int, default=None, help="most decoder layers this node may hold")
+    parser.add_argument("--selftest", action="store_true",
+                        help="load a stage of the base checkpoint, run one forward pass, print the result and exit")
+    add_limit_arguments(parser)
+
+
+class StdioControl:
+    """Events to stdout (one JSON line each); commands from stdin on a reader thread."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        try:
+            line = encode_event(event, **fields)
+        except (ValueError, TypeError) as exc:
+            log.warning("could not encode %s event: %s", event, exc)
+            return
+        with self._lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def start_reader(self, loop: asyncio.AbstractEventLoop, on_command, on_eof) -> None:
+        def read() -> None:
+            for line in sys.stdin:
+                if not line.strip():
+                    continue
+                try:
+                    command = parse_command(line)
+                except ProtocolError as exc:
+                    self.emit("error", message=f"Ignored an invalid command: {exc}", hint="", fatal=False)
+                    continue
+                loop.call_soon_threadsafe(on_command, command)
+            loop.call_soon_threadsafe(on_eof)
+
+        threading.Thread(target=read, name="polis-stdin", daemon=True).start()
+
+
+async def _find_or_host(args, control: StdioControl, stack: list) -> str:
+    """The coordinator URL to join, starting a local one for --lan (none found) or --demo."""
+    if args.coordinator:
+        return args.coordinator
+    if args.lan:
+        from engine.net.discovery import find_coordinator
+
+        control.emit("state", state="connecting", detail="looking for a coordinator on the local network")
+        found = await find_coordinator(5.0)
+        if found is not None:
+            return found.advert.signalling_url
+    from engine.swarm.local_swarm import host_local_coordinator
+
+    coordinator, url = await host_local_coordinator(args, lan=args.lan)
+    stack.append(coordinator)
+    if args.demo:
+        from engine.swarm.local_swarm import spawn_helper_node
+
+        stack.append(spawn_helper_node(url, args))
+    return url
+
+
+async def _main(args) -> int:
+    from engine.net.identity import IdentityStoreConfig, load_or_create_identity
+    from engine.swarm.node import Node, NodeConfig
+
+    control = StdioControl(args.control == "stdio")
+    limits = limits_from_args(args)
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    identity = load_or_create_identity(IdentityStoreConfig(username=args.identity, fallback_dir=data_dir))
+    stack: list = []
+    try:
+        url = await _find_or_host(args, control, stack)
+        config = NodeConfig(coordinator_url=url, backend=args.backend, device=args.device,
+                            base_checkpoint=args.checkpoint, data_dir=args.data_dir,
+                            cpu_threads=limits.get("cpu_threads"), max_layers=args.max_layers,
+                            upload_mbps=limits.get("upload_mbps"), download_mbps=limits.get("download_mbps"))
+        node = Node(config, identity, on_event=control.emit)
+        await node.start_compute()
+        control.emit("hello", version=__version__, peer_id=identity.peer_id, fingerprint=identity.fingerprint,
+                     key_storage=identity.storage, key_storage_note=identity.storage_note,
+                     device=node.rt.device_description, backend=node.rt.backend_name, memory_gb=None)
+        loop = asyncio.get_running_loop()
+
+        def on_command(command: dict) -> None:
+            cmd = command["cmd"]
+            if cmd == "stop":
+                node.request_stop()
+            elif cmd == "pause":
+                node.pause()
+            elif cmd == "start":
+                node.resume()
+            elif cmd == "set_limits":
+                node.set_limits(command["limits"])
+                node._emit_status()
+            elif cmd == "status":
+                node._emit_status(force=True)
+
+        if control.enabled:
+            control.start_reader(loop, on_command, node.request_stop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, node.request_stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await node.run()
+        return 0
+    finally:
+        for item in reversed(stack):
+            closer = getattr(item, "stop", None) or getattr(item, "terminate", None)
+            result = closer()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+def run(args) -> int:
+    if args.selftest:
+        from engine.swarm.selftest import run_selftest
+
+        return run_selftest(args)
+    if args.control == "stdio":
+        # stdout belongs to the event stream; everything else logs to stderr
+        logging.getLogger().handlers[:] = []
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not (args.coordinator or args.lan or args.demo):
+        print("polis node: choose a swarm: --coordinator URL, --lan or --demo", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_main(args))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # the boundary: one clear line for the user and the supervisor
+        log.exception("node failed")
+        StdioControl(args.control == "stdio").emit("error", message=str(exc), fatal=True,
+                                                   hint="See the log for details; check the settings and restart.")
+        print(f"polis node: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,114 @@
+"""The settings of one swarm training run, shared by the coordinator and its nodes.
+
+The coordinator owns the run: it builds a :class:`RunConfig` (from flags or its
+database), hands it to every node in the ``welcome`` message as a plain dict, and
+nodes rebuild it with :func:`run_config_from_dict`, which validates every field
+(the dict crossed a network). The RL pieces reuse the in-process configs of
+``engine.rl`` so the swarm runs the very same objective, sampling and tasks.
+
+It knows nothing about sockets or tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from engine.rl.objective import ObjectiveConfig
+from engine.rl.rollout import SamplingConfig
+from engine.rl.tasks import TaskConfig
+
+#: activation encodings a run may choose (engine.net.tensor_codec names)
+ACTIVATION_ENCODINGS = ("fp32", "fp16", "bf16", "int8_rowwise")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One RL run across the swarm.
+
+    Fields:
+      task: which verifiable task, its difficulty and reward.
+      objective: decoupled-PPO hyper-parameters (engine.rl.objective).
+      sampling: temperature / top-p / completion budget for rollouts.
+      group_size: samples per prompt (G).
+      prompts_per_step: prompt groups consumed by one optimiser step.
+      micro_batch_rows: most sequences in one training micro-batch through the pipeline.
+      max_staleness: rollouts more than this many versions behind are dropped.
+      lr: AdamW learning rate on every stage.
+      max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
+      activation_encoding: how activations and their gradients travel between stages.
+      update_topk_fraction: share of gradient entries replicas exchange each step (top-k with
+        error feedback, int8 values); 1.0 sends dense fp32.
+      generations_in_flight: generation jobs kept in flight per pipeline route.
+      eval_every_versions: greedy held-out eval every this many versions (0 = start/end only).
+      checkpoint_every_versions: stage leaders write a stage checkpoint this often.
+      max_versions: the run stops training after this version (0 = never).
+      seed: seeds the coordinator's prompt stream and the nodes' samplers.
+    """
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    group_size: int = 8
+    prompts_per_step: int = 8
+    micro_batch_rows: int = 32
+    max_staleness: int = 4
+    lr: float = 3e-3
+    max_grad_norm: float = 1.0
+    activation_encoding: str = "int8_rowwise"
+    update_topk_fraction: float = 0.02
+    generations_in_flight: int = 3
+    eval_every_versions: int = 5
+    checkpoint_every_versions: int = 5
+    max_versions: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (2 <= self.group_size <= 256, "group_size must be in [2, 256]"),
+            (1 <= self.prompts_per_step <= 4096, "prompts_per_step must be in [1, 4096]"),
+            (1 <= self.micro_batch_rows <= 4096, "micro_batch_rows must be in [1, 4096]"),
+            (0 <= self.max_staleness <= 1000, "max_staleness must be in [0, 1000]"),
+            (0.0 < self.lr < 1.0, "lr must be in (0, 1)"),
+            (0.0 <= self.max_grad_norm < 1e6, "max_grad_norm must be in [0, 1e6)"),
+            (self.activation_encoding in ACTIVATION_ENCODINGS,
+             f"activation_encoding must be one of {ACTIVATION_ENCODINGS}"),
+            (0.0 < self.update_topk_fraction <= 1.0, "update_topk_fraction must be in (0, 1]"),
+            (1 <= self.generations_in_flight <= 64, "generations_in_flight must be in [1, 64]"),
+            (0 <= self.eval_every_versions <= 100000, "eval_every_versions must be >= 0"),
+            (1 <= self.checkpoint_every_versions <= 100000, "checkpoint_every_versions must be >= 1"),
+            (0 <= self.max_versions <= 10**9, "max_versions must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["task"]["reward"] = self.task.reward.value
+        return out
+
+
+def _build(cls, data: Any, what: str):
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what} must be an object")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{what}: unknown fields {sorted(unknown)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def run_config_from_dict(data: Any) -> RunConfig:
+    """Rebuild and validate a RunConfig that crossed the network (raises ValueError)."""
+    if not isinstance(data, Mapping):
+        raise ValueError("run config must be an object")
+    data = dict(data)
+    nested = {"task": TaskConfig, "objective": ObjectiveConfig, "sampling": SamplingConfig}
+    for name, cls in nested.items():
+        if name in data:
+            data[name] = _build(cls, data[name], name)
+    return _build(RunConfig, data, "run")

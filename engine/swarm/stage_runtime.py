@@ -1,0 +1,208 @@
+"""What a node's compute thread does with its stage: generate, train, step, save.
+
+A :class:`StageRuntime` wraps one ``StageBackend`` and is used only from the
+node's compute thread (``engine.swarm.compute_thread``): every method is
+synchronous and may take a while. It runs the same RL pieces as the in-process
+trainer — ``backends.base.sample_from_logits`` for sampling with behaviour
+log-probs, ``engine.rl.objective.compute_objective`` for the loss gradient on
+the last stage — so the swarm learns with the very same maths.
+
+It knows nothing about links, messages or the coordinator; inputs arrive as
+validated numpy arrays and outputs leave as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from backends import registry
+from backends.base import OptimizerConfig, StageBackend, StageSpec, sample_from_logits
+from engine.rl.objective import ObjectiveConfig, compute_objective
+
+log = logging.getLogger(__name__)
+
+
+class StageRuntime:
+    """One stage on this machine. Create, use and close on one thread."""
+
+    def __init__(self, backend_name: str = "auto", device: str | None = None, cpu_threads: int | None = None):
+        self.backend_name = backend_name
+        self.device = device
+        self.cpu_threads = cpu_threads
+        self.backend: StageBackend | None = None
+        self.spec: StageSpec | None = None
+        self.model_config: Any = None
+        self.version = 0
+        # Create the backend now: it detects the device (for the user) and is reused by the first load.
+        self._fresh: StageBackend | None = self._create()
+        self.device_description = self._fresh.device
+        self.backend_name = self._fresh.name
+
+    # -- loading --------------------------------------------------------------
+    def _create(self) -> StageBackend:
+        if self.cpu_threads:
+            # read by the torch backend when it is created; harmless elsewhere
+            os.environ["POLIS_TORCH_THREADS"] = str(self.cpu_threads)
+        return registry.create(self.backend_name, device=self.device)
+
+    def _new_backend(self) -> StageBackend:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+        if self._fresh is not None:
+            fresh, self._fresh = self._fresh, None
+            return fresh
+        return self._create()
+
+    def load_checkpoint(self, base_dir: str | Path, spec: StageSpec, optimizer: OptimizerConfig,
+                        stage_file: str | Path | None = None, version: int = 0) -> None:
+        """Load ``spec`` from the base checkpoint, then overlay a saved stage file if given."""
+        from engine.model.checkpoint import Checkpoint
+
+        checkpoint = Checkpoint(base_dir)
+        backend = self._new_backend()
+        backend.load(spec, checkpoint.stage_weights(spec), checkpoint.config, optimizer)
+        self.backend, self.spec, self.model_config = backend, spec, checkpoint.config
+        self.version = version
+        if stage_file is not None:
+            if Path(stage_file).exists():
+                self.load_stage_file(stage_file)
+            else:
+                log.warning("stage checkpoint %s is not on this machine; starting from the base weights", stage_file)
+
+    def load_weights(self, spec: StageSpec, config_dict: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+                     optimizer: OptimizerConfig, version: int) -> None:
+        """Build ``spec`` from weights received from a replica (no local checkpoint needed)."""
+        from engine.model.config import ModelConfig
+
+        config = ModelConfig.from_dict(config_dict, source="a replica's config")
+        backend = self._new_backend()
+        backend.load(spec, weights, config, optimizer)
+        self.backend, self.spec, self.model_config = backend, spec, config
+        self.version = version
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model_config.vocab_size)
+
+    def _b(self) -> StageBackend:
+        if self.backend is None:
+            raise RuntimeError("no stage loaded")
+        return self.backend
+
+    # -- generation -------------------------------------------------------------
+    def gen_forward(self, job: str, x: np.ndarray) -> np.ndarray:
+        return self._b().forward(x, cache_id=job)
+
+    def gen_sample(self, job: str, x: np.ndarray, *, temperature: float, top_p: float,
+                   seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs)."""
+        logits = self._b().forward(x, cache_id=job)[:, -1, :]
+        rng = np.random.default_rng([seed, step])
+        return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p)
+
+    def drop(self, job: str) -> None:
+        self._b().drop_cache(job)
+
+    # -- training ---------------------------------------------------------------
+    def train_forward(self, key: str, x: np.ndarray) -> np.ndarray:
+        return self._b().forward(x, key=key)
+
+    def train_last(self, key: str, x: np.ndarray, targets: np.ndarray, mask: np.ndarray, behaviour: np.ndarray,
+                   advantages: np.ndarray, normaliser: float, objective: ObjectiveConfig,
+                   temperature: float) -> tuple[np.ndarray | None, dict[str, float]]:
+        """Last stage: log-probs, the decoupled objective's gradient, backward. Returns (input grad, stats).
+
+        One optimiser step per batch means the proximal policy equals the current
+        weights, so ``p`` is these very log-probs (detached).
+        """
+        backend = self._b()
+        logp = backend.token_logprobs(x, targets, key=key, temperature=temperature)
+        result = compute_objective(logp, logp.copy(), behaviour, advantages, mask, objective, normaliser=normaliser)
+        grad_in = backend.backward(key, result.grad)
+        stats = {"loss": result.loss, "tokens": result.stats.num_tokens,
+                 "masked_fraction": result.stats.masked_fraction, "ess": result.stats.ess,
+                 "clipped_fraction": result.stats.clipped_fraction}
+        return grad_in, stats
+
+    def train_backward(self, key: str, grad: np.ndarray) -> np.ndarray | None:
+        return self._b().backward(key, grad)
+
+    def release(self, key: str) -> None:
+        if self.backend is not None:
+            self.backend.release(key)
+
+    def grads(self) -> dict[str, np.ndarray]:
+        return self._b().grads()
+
+    def zero_grad(self) -> None:
+        self._b().zero_grad()
+
+    def apply(self, aggregated: Mapping[str, np.ndarray], max_grad_norm: float, version: int) -> float:
+        """Install the aggregated gradient, clip its norm, AdamW step; returns the pre-clip norm."""
+        backend = self._b()
+        backend.set_grads(aggregated)
+        norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in aggregated.values())))
+        scale = 1.0
+        if max_grad_norm > 0 and norm > max_grad_norm:
+            scale = max_grad_norm / (norm + 1e-12)
+        backend.step(scale)
+        self.version = version
+        return norm
+
+    # -- weights ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return self._b().state_dict()
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(a.shape) for name, a in self.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None:
+        self._b().set_weights(weights)
+        self.version = version
+
+    def checksum(self) -> float:
+        """A cheap fingerprint of the weights: replicas that agree have equal checksums."""
+        total = 0.0
+        for name, a in sorted(self.state_dict().items()):
+            flat = a.ravel()
+            total += float(flat[:: max(1, flat.size // 97)].astype(np.float64).sum())
+        return total
+
+    def save_stage(self, path: str | Path, version: int) -> None:
+        """Write this stage's weights (safetensors) + version atomically."""
+        from safetensors.numpy import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({k: np.ascontiguousarray(v) for k, v in self.state_dict().items()}, str(tmp),
+                  metadata={"polis_version": str(version), "stage": json.dumps(self.spec.__dict__)})
+        os.replace(tmp, path)
+
+    def load_stage_file(self, path: str | Path) -> int:
+        """Overlay weights from :meth:`save_stage`'s file; returns its version."""
+        from engine.model.safetensors_reader import SafetensorsFile
+
+        f = SafetensorsFile(path)
+        weights = f.read_many(f.names)
+        self._b().set_weights(weights)
+        return int((f.metadata or {}).get("polis_version", "0"))
+
+    def close(self) -> None:
+        if self._fresh is not None:
+            self._fresh.close()
+            self._fresh = None
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None

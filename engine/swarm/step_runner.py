@@ -1,0 +1,245 @@
+"""One optimiser step of the swarm, driven by the coordinator.
+
+:class:`StepRunner` is the training half of ``engine.swarm.scheduler.RunScheduler``
+(a mixin over its attributes: ``store``, ``codec``, ``run``, ``version``, ``send``,
+``routes``, ``stage_replicas``). A step:
+
+1. drops rollouts older than the staleness bound, takes ``prompts_per_step``
+   complete, useful groups from the replay buffer (SQLite);
+2. builds the padded batch with ``engine.rl.batch.build_batch`` (the in-process
+   trainer's code) and cuts it into micro-batches spread over the routes;
+3. sends token ids to each route's first stage and targets/advantages/behaviour
+   log-probs to its last stage; a micro-batch whose route breaks is retried on
+   another route;
+4. tells every trainer to ``apply`` (replicas exchange compressed gradients and
+   step identically), waits for ``stepped``, advances the version, records it.
+
+If the step cannot complete, nodes are told to ``abort`` it and its rollouts stay
+in the buffer. Versions only ever go up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from engine.rl.batch import build_batch
+from engine.rl.rollout import Group, Sample
+
+log = logging.getLogger(__name__)
+
+MAX_MB_ATTEMPTS = 3
+
+
+class StepRunner:
+    """Training steps (mixed into ``RunScheduler``)."""
+
+    def request_eval(self) -> None:
+        """Evaluate the current version as soon as generation capacity allows."""
+        if self.eval_round is None:
+            self.eval_wanted = self.version
+
+    def _take_groups(self) -> tuple[list[Group], list[np.ndarray], list[int]] | None:
+        dropped = self.store.drop_stale(self.version, self.run.max_staleness)
+        if dropped:
+            self.stats["dropped_stale"] += dropped
+        rows = self.store.ready_rollouts(limit=self.run.prompts_per_step * self.run.group_size * 2)
+        by_group: dict[str, list] = defaultdict(list)
+        for r in rows:
+            by_group[r.group_id].append(r)
+        complete = [g for g in by_group.values() if len(g) == self.run.group_size][: self.run.prompts_per_step]
+        if len(complete) < self.run.prompts_per_step:
+            return None
+        groups, advantages, ids = [], [], []
+        for rollouts in complete:
+            group = Group(prompt=rollouts[0].prompt,
+                          prompt_ids=np.asarray(self.codec.encode_prompt(rollouts[0].prompt), dtype=np.int64))
+            for r in rollouts:
+                tokens = np.asarray(r.tokens, dtype=np.int64)
+                group.samples.append(Sample(completion_ids=tokens, behaviour_logprobs=r.behaviour_logprobs,
+                                            versions=np.tile(np.asarray(r.versions, dtype=np.int64), (len(tokens), 1)),
+                                            finished=bool(self.codec.eos_id in r.tokens), reward=r.reward))
+                ids.append(r.id)
+            groups.append(group)
+            advantages.append(np.asarray([r.advantage for r in rollouts], dtype=np.float32))
+        return groups, advantages, ids
+
+    async def maybe_train(self) -> bool:
+        """Run one step if the buffer holds enough fresh groups; True if the version advanced."""
+        if self.finished or not self.store.evals():
+            return False  # the "before" eval comes first
+        if self.run.max_versions and self.version >= self.run.max_versions:
+            return False
+        routes = self.routes()
+        if not routes:
+            return False
+        taken = self._take_groups()
+        if taken is None:
+            return False
+        groups, advantages, rollout_ids = taken
+        num_stages = len(routes[0])
+        batch = build_batch(groups, advantages, self.codec.pad_id, [self.version] * num_stages)
+        for s in batch.staleness.tolist():
+            self.staleness_hist[int(s)] += 1
+        step = self.version
+        started = time.monotonic()
+        ok = await self._run_microbatches(step, batch)
+        if ok:
+            ok = await self._apply(step)
+        if not ok:
+            log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
+            for replicas in self.stage_replicas():
+                for peer in replicas:
+                    await self.send(peer, {"type": "abort", "step": step})
+            self.stats["aborted_steps"] += 1
+            return False
+        self.store.mark_rollouts(rollout_ids, "consumed")
+        losses = self._mb_losses.pop(step, [])
+        rewards = [s.reward for g in groups for s in g.samples]
+        entry = {
+            "version": self.version, "reward": float(np.mean(rewards)), "samples": len(rewards),
+            "seconds": round(time.monotonic() - started, 3),
+            "staleness_mean": float(batch.staleness.mean()),
+            "masked_fraction": float(np.mean([x["masked_fraction"] for x in losses])) if losses else 0.0,
+            "ess": float(np.mean([x["ess"] for x in losses])) if losses else 1.0,
+            "loss": float(np.sum([x["loss"] for x in losses])) if losses else 0.0,
+        }
+        self.store.record_version(self.version, reward_mean=entry["reward"], samples=len(rewards), info=entry)
+        self.step_log.append(entry)
+        if self.run.eval_every_versions and self.version % self.run.eval_every_versions == 0:
+            self.request_eval()
+        if self.run.max_versions and self.version >= self.run.max_versions:
+            self.finished = True
+            self.request_eval()
+        return True
+
+    async def _run_microbatches(self, step: int, batch) -> bool:
+        routes = self.routes()
+        rows = batch.num_rows
+        per_mb = max(1, min(self.run.micro_batch_rows, math.ceil(rows / len(routes))))
+        pending: dict[int, tuple[Any, int]] = {}
+        for mb, start in enumerate(range(0, rows, per_mb)):
+            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0)
+        normaliser = float(max(batch.num_tokens, 1))
+        deadline = time.monotonic() + self.step_timeout_s
+        futures: dict[int, asyncio.Future] = {}
+
+        async def dispatch(mb: int, micro, route: list[str]) -> None:
+            fut = asyncio.get_running_loop().create_future()
+            fut.route = tuple(route)  # lets on_node_lost fail it
+            self._mb_events[(step, mb)] = fut
+            futures[mb] = fut
+            sent = await self.send(route[0], {"type": "train_in", "step": step, "mb": mb, "route": route,
+                                              "inputs": micro.inputs.tolist()})
+            sent = sent and await self.send(route[-1], {
+                "type": "train_out", "step": step, "mb": mb, "route": route, "targets": micro.targets.tolist(),
+                "mask": micro.mask.tolist(), "behaviour": np.round(micro.behaviour, 6).tolist(),
+                "advantages": micro.advantages.tolist(), "normaliser": normaliser})
+            if not sent and not fut.done():
+                fut.set_result(("failed", "route unreachable"))
+
+        for i, mb in enumerate(sorted(pending)):
+            await dispatch(mb, pending[mb][0], routes[i % len(routes)])
+        try:
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                done, _ = await asyncio.wait([futures[mb] for mb in pending], timeout=remaining,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    return False
+                for mb in [m for m in pending if futures[m].done()]:
+                    status, reason = futures[mb].result()
+                    micro, attempts = pending.pop(mb)
+                    if status == "done":
+                        continue
+                    self.stats["retried_microbatches"] += 1
+                    routes = self.routes()
+                    if attempts + 1 >= MAX_MB_ATTEMPTS or not routes:
+                        log.warning("micro-batch %d of step %d failed for good: %s", mb, step, reason)
+                        return False
+                    log.info("micro-batch %d of step %d failed (%s); retrying on another route", mb, step, reason)
+                    pending[mb] = (micro, attempts + 1)
+                    await dispatch(mb, micro, routes[(mb + attempts + 1) % len(routes)])
+            return True
+        finally:
+            for key in [k for k in self._mb_events if k[0] == step]:
+                del self._mb_events[key]
+
+    async def _apply(self, step: int) -> bool:
+        version = step + 1
+        checkpoint = version % self.run.checkpoint_every_versions == 0
+        expected: set[str] = set()
+        for replicas in self.stage_replicas():
+            for peer in replicas:
+                if await self.send(peer, {"type": "apply", "step": step, "version": version, "replicas": replicas,
+                                          "checkpoint": checkpoint and peer == replicas[0]}):
+                    expected.add(peer)
+        deadline = time.monotonic() + self.step_timeout_s
+        while True:
+            got = self._stepped.get(step, {})
+            alive = {p for replicas in self.stage_replicas() for p in replicas}
+            waiting = (expected & alive) - set(got)
+            if not waiting:
+                break
+            if time.monotonic() >= deadline:
+                log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
+                break
+            self._stepped_event.clear()
+            try:
+                await asyncio.wait_for(self._stepped_event.wait(), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                pass
+        reports = self._stepped.pop(step, {})
+        if not reports:
+            return False
+        self.version = version
+        self.store.set_meta("version", version)
+        for m in reports.values():
+            self.update_bytes += m["update_bytes"]
+            self.dense_update_bytes += m["dense_bytes"]
+        await self._check_replicas(reports)
+        return True
+
+    async def _check_replicas(self, reports: dict[str, dict]) -> None:
+        """Replicas of a stage must hold equal weights; resync any that drifted."""
+        for stage, replicas in enumerate(self.stage_replicas()):
+            seen = [(p, reports[p]) for p in replicas if p in reports]
+            for peer, m in seen:
+                if m.get("checkpoint_path"):
+                    self.checkpoints[stage] = m["checkpoint_path"]
+                    self.store.set_meta("stage_checkpoints", self.checkpoints)
+            if len(seen) < 2:
+                continue
+            leader, lead = seen[0]
+            for peer, m in seen[1:]:
+                if abs(m["checksum"] - lead["checksum"]) > 1e-3 * max(1.0, abs(lead["checksum"])):
+                    self.stats["resyncs"] += 1
+                    log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
+                    await self.send(peer, {"type": "sync", "source_peer": leader})
+
+    # ------------------------------------------------------------------ node reports
+    def on_mb_loss(self, sender: str, m: dict) -> None:
+        self._mb_losses[m["step"]].append(m)
+
+    def on_mb_done(self, sender: str, m: dict) -> None:
+        fut = self._mb_events.get((m["step"], m["mb"]))
+        if fut is not None and not fut.done() and sender == fut.route[0]:
+            fut.set_result(("done", ""))
+
+    def on_mb_failed(self, sender: str, m: dict) -> None:
+        fut = self._mb_events.get((m["step"], m["mb"]))
+        if fut is not None and not fut.done() and sender in fut.route:
+            fut.set_result(("failed", m["reason"]))
+
+    def on_stepped(self, sender: str, m: dict) -> None:
+        if m["step"] == self.version:
+            self._stepped[m["step"]][sender] = m
+            self._stepped_event.set()

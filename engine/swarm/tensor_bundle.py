@@ -1,0 +1,64 @@
+"""Many named tensors in one message: a list of entries in the header, one payload.
+
+Used for replica gradient exchange and for weight transfer between replicas.
+Unpacking treats everything as hostile: names must be expected, shapes must
+match what the receiver holds, byte counts must add up to the payload exactly,
+and each tensor is decoded by ``engine.net.tensor_codec`` with its own cap.
+
+It knows nothing about links, replicas or optimisers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from engine.net.errors import ProtocolViolation
+from engine.net.tensor_codec import EncodedTensor, decode_tensor, encode_tensor
+
+
+def pack(encoded: Mapping[str, EncodedTensor]) -> tuple[list[dict[str, Any]], bytes]:
+    """``(entries, payload)`` for ``{name: EncodedTensor}``, in the mapping's order."""
+    entries = []
+    parts = []
+    for name, tensor in encoded.items():
+        payload = bytes(tensor.payload)
+        entries.append({"name": name, "tensor": tensor.header, "nbytes": len(payload)})
+        parts.append(payload)
+    return entries, b"".join(parts)
+
+
+def pack_arrays(arrays: Mapping[str, np.ndarray], encoding: str = "fp32") -> tuple[list[dict[str, Any]], bytes]:
+    """Encode every array with ``encoding`` and pack them."""
+    return pack({name: encode_tensor(np.asarray(a, dtype=np.float32), encoding) for name, a in arrays.items()})
+
+
+def unpack(entries: list[dict[str, Any]], payload: bytes | memoryview,
+           expected_shapes: Mapping[str, tuple[int, ...]], *, require_all: bool = False) -> dict[str, np.ndarray]:
+    """Decode a bundle; every name must be in ``expected_shapes`` with that exact shape.
+
+    Raises :class:`ProtocolViolation` (or its subclass WireFormatError) on any mismatch.
+    """
+    view = memoryview(payload)
+    total = sum(int(e["nbytes"]) for e in entries)
+    if total != len(view):
+        raise ProtocolViolation(f"bundle entries claim {total} bytes, payload has {len(view)}")
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for entry in entries:
+        name = entry["name"]
+        if name not in expected_shapes:
+            raise ProtocolViolation(f"bundle names unknown tensor {name[:80]!r}")
+        if name in out:
+            raise ProtocolViolation(f"bundle repeats tensor {name[:80]!r}")
+        shape = tuple(expected_shapes[name])
+        nbytes = int(entry["nbytes"])
+        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        out[name] = decode_tensor(entry["tensor"], view[offset:offset + nbytes], max_elements=max(numel, 1),
+                                  expected_shape=shape, expected_dtype="float32")
+        offset += nbytes
+    if require_all and len(out) != len(expected_shapes):
+        missing = sorted(set(expected_shapes) - set(out))
+        raise ProtocolViolation(f"bundle lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    return out
