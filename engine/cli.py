@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gui": ("app.main", "open the desktop app (the default when no command is given)"),
     "node": ("engine.swarm.node_cli", "run a node that contributes one pipeline stage"),
     "coordinator": ("engine.swarm.coordinator_cli", "run a coordinator (signalling, tasks, ledger)"),
-    "demo": ("engine.demo", "run the main job on this machine with the embedded defaults"),
+    "demo": ("engine.swarm.demo", "run the main job on this machine with the embedded defaults"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
 }
 

@@ -29,14 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token-file", default=None,
                         help="write the admin token (for POST /api/eval, /api/finish) to this file")
     parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run setting, e.g. --set lr=0.001 --set task.max_digits=5 (repeatable)")
 
 
 def build_config(args):
     from engine.paths import base_checkpoint_dir
     from engine.swarm.coordinator import CoordinatorConfig
-    from engine.swarm.run_config import RunConfig
+    from engine.swarm.run_config import RunConfig, apply_overrides
 
-    run = RunConfig()
+    run = apply_overrides(RunConfig(), args.set)
     if args.task:
         run = replace(run, task=replace(run.task, name=args.task))
     if args.max_versions is not None:

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run setting of the coordinator (repeatable), e.g. --set lr=0.001")
 
 
 def _free_port() -> int:
@@ -87,6 +89,8 @@ class DemoSwarm:
             coordinator += ["--checkpoint", a.checkpoint]
         if a.max_versions:
             coordinator += ["--max-versions", str(a.max_versions)]
+        for item in a.set:
+            coordinator += ["--set", item]
         self._spawn("coordinator", *coordinator)
         deadline = time.monotonic() + 60
         while not self._alive():

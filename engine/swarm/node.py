@@ -258,10 +258,8 @@ class Node(NodeJobs):
                 await ws.send_json(self._hello(challenge["nonce"]))
                 welcome = await self._recv(ws, "welcome")
                 self._ws = ws
-                await self._apply_welcome(welcome)
-                await ws.send_json({"type": "ready", "stage": self.spec.stage_index, "version": self.rt.version})
-                self._set_state("contributing", f"serving {self.spec.describe(self.num_layers)}")
-                self._emit_status()
+                # Load while reading the websocket, so heartbeats are answered during a long load.
+                loader = self._spawn(self._load_and_report_ready(welcome), "polis-node-load")
                 reporter = self._spawn(self._report_loop(), "polis-node-report")
                 stopper = self._spawn(self._close_on_stop(ws), "polis-node-stopper")
                 try:
@@ -275,9 +273,24 @@ class Node(NodeJobs):
                             continue
                         self._on_coordinator(data)
                 finally:
+                    loader.cancel()
                     reporter.cancel()
                     stopper.cancel()
                     self._ws = None
+
+    async def _load_and_report_ready(self, welcome: dict) -> None:
+        try:
+            await self._apply_welcome(welcome)
+        except Exception as exc:  # a stage we cannot load: say so and leave this coordinator
+            log.error("could not load the assigned stage: %s", exc)
+            self.emit("error", message=f"Could not load the assigned stage: {exc}",
+                      hint="Check the base checkpoint path and free memory, then restart.", fatal=False)
+            if self._ws is not None:
+                await self._ws.close()
+            return
+        await self._send_coordinator({"type": "ready", "stage": self.spec.stage_index, "version": self.rt.version})
+        self._set_state("contributing", f"serving {self.spec.describe(self.num_layers)}")
+        self._emit_status()
 
     async def _close_on_stop(self, ws) -> None:
         """Close the session when the node is stopped or paused."""

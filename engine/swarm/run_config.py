@@ -112,3 +112,34 @@ def run_config_from_dict(data: Any) -> RunConfig:
         if name in data:
             data[name] = _build(cls, data[name], name)
     return _build(RunConfig, data, "run")
+
+
+def apply_overrides(config: RunConfig, assignments: list[str]) -> RunConfig:
+    """``["lr=0.001", "task.max_digits=5", "objective.decoupled=false"]`` applied to ``config`` (validated)."""
+    data = config.to_dict()
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        target = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(target.get(part), dict):
+                raise ValueError(f"unknown setting {key!r}")
+            target = target[part]
+        if parts[-1] not in target:
+            raise ValueError(f"unknown setting {key!r}")
+        old = target[parts[-1]]
+        raw = raw.strip()
+        if isinstance(old, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{key} must be true or false")
+            value: Any = raw.lower() in ("true", "1")
+        elif isinstance(old, int):
+            value = int(raw)
+        elif isinstance(old, float):
+            value = float(raw)
+        else:
+            value = raw
+        target[parts[-1]] = value
+    return run_config_from_dict(data)

@@ -1,0 +1,96 @@
+"""Start a real coordinator and real nodes as separate processes on 127.0.0.1 (for swarm tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from engine.paths import base_checkpoint_dir
+from engine.self_command import polis_command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Swarm:
+    def __init__(self, tmp: Path, *, stages: int = 2, settings: list[str] = (), checkpoint: str | None = None):
+        self.tmp = tmp
+        self.stages = stages
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.checkpoint = checkpoint or str(base_checkpoint_dir())
+        self.settings = list(settings)
+        self.coordinator: subprocess.Popen | None = None
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self.env = dict(os.environ, POLIS_TORCH_THREADS="1", OMP_NUM_THREADS="1")
+
+    def _spawn(self, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        try:
+            return subprocess.Popen(polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=self.env)
+        finally:
+            log.close()
+
+    def start_coordinator(self) -> None:
+        argv = ["-v", "coordinator", "--db", str(self.tmp / "c.db"), "--port", str(self.port), "--stages",
+                str(self.stages), "--checkpoint", self.checkpoint,
+                "--admin-token-file", str(self.tmp / "token")]
+        for item in self.settings:
+            argv += ["--set", item]
+        self.coordinator = self._spawn("coordinator", *argv)
+        self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
+
+    def start_node(self, name: str) -> None:
+        self.nodes[name] = self._spawn(name, "-v", "node", "--coordinator", self.url, "--identity", name,
+                                       "--data-dir", str(self.tmp / name), "--checkpoint", self.checkpoint,
+                                       "--backend", "torch")
+
+    def stats(self) -> dict | None:
+        try:
+            with urllib.request.urlopen(self.url + "/api/stats", timeout=5) as r:
+                return json.loads(r.read())
+        except OSError:
+            return None
+
+    def wait(self, predicate, *, timeout_s: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            stats = self.stats()
+            if stats is not None and predicate(stats):
+                return stats
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last stats: {self.stats()}; "
+                             f"logs in {self.tmp}")
+
+    def finish(self) -> None:
+        token = (self.tmp / "token").read_text().strip()
+        request = urllib.request.Request(self.url + "/api/finish", method="POST", data=b"",
+                                         headers={"Authorization": f"Bearer {token}"})
+        urllib.request.urlopen(request, timeout=5).read()
+
+    def kill_coordinator(self, sig: int = signal.SIGKILL) -> None:
+        assert self.coordinator is not None
+        self.coordinator.send_signal(sig)
+        self.coordinator.wait(15)
+
+    def stop(self) -> None:
+        procs = list(self.nodes.values()) + ([self.coordinator] if self.coordinator else [])
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
