@@ -15,6 +15,10 @@ import sys
 
 from backends.base import BackendUnavailable, StageBackend
 
+#: environment variable capping torch's intra-op threads in every TorchStage of the process
+#: (several nodes on one machine should split its cores rather than each take all of them)
+TORCH_THREADS_ENV = "POLIS_TORCH_THREADS"
+
 #: backend name -> (module, class name, python package that must be importable)
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "torch": ("backends.torch_stage", "TorchStage", "torch"),

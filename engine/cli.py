@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("engine.swarm.node_cli", "run a node that contributes one pipeline stage"),
     "coordinator": ("engine.swarm.coordinator_cli", "run a coordinator (signalling, tasks, ledger)"),
     "demo": ("engine.swarm.demo", "run the main job on this machine with the embedded defaults"),
+    "check-model": ("engine.model.sharded_check", "check sharded generation across backends against transformers"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
 }
 

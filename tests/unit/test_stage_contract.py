@@ -1,0 +1,344 @@
+"""The StageBackend contract, proved for every backend against the unsplit transformers model.
+
+Each test runs once per backend variant: torch on CPU, torch on CUDA / MPS (skip
+when absent) and MLX (marker ``mlx``; skips while ``backends/mlx_stage.py`` or mlx
+is missing). Checkpoints are written by ``transformers.save_pretrained`` in
+several safetensors shards and loaded through ``engine.model.load_stage``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from backends import registry  # noqa: E402
+from backends.base import BackendError, OptimizerConfig, StageBackend  # noqa: E402
+from engine.model.checkpoint import Checkpoint  # noqa: E402
+from engine.model.loader import load_stage  # noqa: E402
+from engine.model.shard_plan import plan_stages  # noqa: E402
+from engine.model.sharded_decode import pipeline_forward  # noqa: E402
+
+LOGITS_ATOL = 1e-5
+INIT_STD = 0.05  #: weights std; norms ~ 1 + noise and biases ~ noise so that every term matters
+
+
+def _skip_reason(variant: str) -> str | None:
+    if variant == "mlx":
+        if importlib.util.find_spec("backends.mlx_stage") is None:
+            return "backends/mlx_stage.py is not written yet"
+        return registry.unavailable_reason("mlx")
+    if variant == "torch-cuda" and not torch.cuda.is_available():
+        return "no CUDA device"
+    if variant == "torch-mps" and not torch.backends.mps.is_available():
+        return "no MPS device"
+    return None
+
+
+#: variant -> (registry name, device)
+VARIANTS = {"torch-cpu": ("torch", "cpu"), "torch-cuda": ("torch", "cuda"),
+            "torch-mps": ("torch", "mps"), "mlx": ("mlx", None)}
+BACKENDS = [pytest.param("torch-cpu"), pytest.param("torch-cuda", marks=pytest.mark.gpu),
+            pytest.param("torch-mps", marks=pytest.mark.gpu), pytest.param("mlx", marks=pytest.mark.mlx)]
+
+
+@pytest.fixture(params=BACKENDS)
+def variant(request) -> str:
+    reason = _skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+@dataclass
+class Model:
+    path: Path
+    hf: object  #: the unsplit transformers model
+    num_layers: int
+    vocab: int
+    tied: bool
+
+
+def _write_model(root: Path, arch: str, tied: bool, seed: int) -> Model:
+    common = dict(vocab_size=37, hidden_size=48, intermediate_size=80, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=tied)
+    if arch == "llama":
+        config, cls = transformers.LlamaConfig(rope_theta=500.0, **common), transformers.LlamaForCausalLM
+    else:
+        config, cls = transformers.Qwen2Config(rope_theta=10000.0, **common), transformers.Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    model = cls(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            centre = 1.0 if "norm" in name else 0.0
+            p.copy_(centre + torch.randn_like(p) * (0.1 if centre or name.endswith("bias") else INIT_STD))
+    path = root / arch
+    model.save_pretrained(path, max_shard_size="40KB")
+    return Model(path, model, config.num_hidden_layers, config.vocab_size, tied)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Model]:
+    root = tmp_path_factory.mktemp("contract-checkpoints")
+    return {"llama": _write_model(root, "llama", tied=False, seed=1),
+            "qwen2": _write_model(root, "qwen2", tied=True, seed=2)}
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def model(request, models) -> Model:
+    return models[request.param]
+
+
+def _pipeline(model: Model, backends: list[str] | str, num_stages: int,
+              optimizer: OptimizerConfig | None = None) -> list[StageBackend]:
+    variants = [backends] * num_stages if isinstance(backends, str) else backends
+    checkpoint = Checkpoint(model.path)
+    stages = []
+    for spec, v in zip(plan_stages(model.num_layers, num_stages), variants):
+        name, device = VARIANTS[v]
+        stages.append(load_stage(checkpoint, spec, name, device=device, optimizer=optimizer))
+    return stages
+
+
+def _tokens(model: Model, shape: tuple[int, int], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, model.vocab, shape).astype(np.int64)
+
+
+def _hf_logits(model: Model, tokens: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.hf(torch.from_numpy(tokens)).logits.numpy()
+
+
+def _hf_grads(model: Model) -> dict[str, np.ndarray]:
+    return {n: p.grad.numpy().copy() for n, p in model.hf.named_parameters()}
+
+
+def _pipeline_grads(stages: list[StageBackend]) -> dict[str, np.ndarray]:
+    """Sum per name: a tied embedding's gradient is split between stage 0 and the last stage."""
+    total: dict[str, np.ndarray] = {}
+    for stage in stages:
+        for name, g in stage.grads().items():
+            total[name] = total[name] + g if name in total else g
+    return total
+
+
+def _assert_grads_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5 * scale, err_msg=name)
+
+
+def _train_forward(stages: list[StageBackend], tokens: np.ndarray, key: str) -> np.ndarray:
+    x = tokens
+    for stage in stages:
+        x = stage.forward(x, key=key)
+    return x
+
+
+def _train_backward(stages: list[StageBackend], key: str, grad: np.ndarray) -> None:
+    for stage in reversed(stages):
+        grad = stage.backward(key, grad)
+    assert grad is None  # the first stage takes token ids: nothing to return
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 4])
+def test_pipeline_logits_equal_unsplit_transformers_logits(variant, model, num_stages):
+    tokens = _tokens(model, (3, 11))
+    stages = _pipeline(model, variant, num_stages)
+    logits = pipeline_forward(stages, tokens)
+    assert logits.dtype == np.float32 and logits.shape == (3, 11, model.vocab)
+    np.testing.assert_allclose(logits, _hf_logits(model, tokens), rtol=0, atol=LOGITS_ATOL)
+
+
+@pytest.mark.parametrize("num_stages", [1, 3])
+def test_pipeline_backward_equals_full_model_parameter_gradients(variant, model, num_stages):
+    tokens = _tokens(model, (2, 9), seed=1)
+    dloss_dlogits = np.random.default_rng(2).standard_normal((2, 9, model.vocab)).astype(np.float32)
+    model.hf.zero_grad(set_to_none=True)
+    model.hf(torch.from_numpy(tokens)).logits.backward(torch.from_numpy(dloss_dlogits))
+    stages = _pipeline(model, variant, num_stages)
+    _train_forward(stages, tokens, "mb0")
+    _train_backward(stages, "mb0", dloss_dlogits)
+    _assert_grads_close(_pipeline_grads(stages), _hf_grads(model))
+
+
+def test_token_logprobs_and_backward_equal_autograd_on_transformers(variant, model):
+    tokens, targets = _tokens(model, (3, 8), seed=3), _tokens(model, (3, 8), seed=4)
+    weights = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    temperature = 0.7
+    model.hf.zero_grad(set_to_none=True)
+    logits = model.hf(torch.from_numpy(tokens)).logits / temperature
+    want = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(targets)[..., None])[..., 0]
+    (want * torch.from_numpy(weights)).sum().backward()
+
+    stages = _pipeline(model, variant, 2)
+    hidden = stages[0].forward(tokens, key="k")
+    logp = stages[1].token_logprobs(hidden, targets, key="k", temperature=temperature)
+    np.testing.assert_allclose(logp, want.detach().numpy(), rtol=0, atol=1e-5)
+    _train_backward(stages[:1], "k", stages[1].backward("k", weights))
+    _assert_grads_close(_pipeline_grads(stages), _hf_grads(model))
+    no_key = stages[1].token_logprobs(stages[0].forward(tokens), targets, temperature=temperature)
+    np.testing.assert_allclose(no_key, logp, rtol=0, atol=1e-6)
+
+
+def test_kv_cached_decoding_equals_full_recomputation(variant, models):
+    model = models["qwen2"]
+    stages = _pipeline(model, variant, 2)
+    seq = _tokens(model, (3, 12), seed=6)
+    other = _tokens(model, (2, 12), seed=7)
+    chunks = [(0, 5), (5, 7), (7, 8), (8, 9), (9, 12)]  # prompt, a 2-token chunk, single steps, a 3-token chunk
+    for start, end in chunks:
+        got = pipeline_forward(stages, seq[:, start:end], cache_id="a")
+        pipeline_forward(stages, other[:, start:end], cache_id="b")  # an interleaved second cache
+        want = pipeline_forward(stages, seq[:, :end])[:, start:end]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    final_b = pipeline_forward(stages, other[:, 12 - 1:], cache_id="b")
+    np.testing.assert_allclose(final_b[:, -1], pipeline_forward(stages, np.concatenate(
+        [other, other[:, -1:]], axis=1))[:, -1], rtol=0, atol=1e-5)
+    for stage in stages:
+        stage.drop_cache("a")
+        stage.drop_cache("never-existed")
+    restarted = pipeline_forward(stages, seq[:, :4], cache_id="a")
+    np.testing.assert_allclose(restarted, pipeline_forward(stages, seq[:, :4]), rtol=0, atol=1e-5)
+    with pytest.raises(BackendError):
+        stages[0].forward(seq[:2, 4:5], cache_id="a")  # a cache's rows are fixed
+
+
+def test_training_keys_in_flight_accumulate_and_release_forgets(variant, models):
+    model = models["llama"]
+    tokens = [_tokens(model, (2, 6), seed=s) for s in (10, 11, 12)]
+    grads = [np.random.default_rng(s).standard_normal((2, 6, model.vocab)).astype(np.float32) for s in (13, 14)]
+    together = _pipeline(model, variant, 2)
+    for i in range(3):
+        _train_forward(together, tokens[i], f"mb{i}")
+    together[1].release("mb2")
+    together[0].release("mb2")
+    _train_backward(together, "mb1", grads[1])  # out of order
+    _train_backward(together, "mb0", grads[0])
+    with pytest.raises(BackendError):
+        together[1].backward("mb2", grads[0])  # released
+    with pytest.raises(BackendError):
+        together[1].backward("mb0", grads[0])  # consumed
+
+    separate = []
+    for i in range(2):
+        stages = _pipeline(model, variant, 2)
+        _train_forward(stages, tokens[i], "k")
+        _train_backward(stages, "k", grads[i])
+        separate.append(_pipeline_grads(stages))
+    _assert_grads_close(_pipeline_grads(together), {n: separate[0][n] + separate[1][n] for n in separate[0]})
+    for stage in together:
+        stage.zero_grad()
+    assert all(not g.any() for g in _pipeline_grads(together).values())
+
+
+def _adamw_reference(p, grads, opt: OptimizerConfig, scale: float):
+    m, v = np.zeros_like(p, dtype=np.float64), np.zeros_like(p, dtype=np.float64)
+    p = p.astype(np.float64)
+    for t, g in enumerate(grads, start=1):
+        g = g.astype(np.float64) * scale
+        p = p * (1 - opt.lr * opt.weight_decay)
+        m = opt.beta1 * m + (1 - opt.beta1) * g
+        v = opt.beta2 * v + (1 - opt.beta2) * g * g
+        m_hat, v_hat = m / (1 - opt.beta1 ** t), v / (1 - opt.beta2 ** t)
+        p = p - opt.lr * m_hat / (np.sqrt(v_hat) + opt.eps)
+    return p
+
+
+def test_step_is_adamw_with_grad_scale_and_zeroes_gradients(variant, models):
+    opt = OptimizerConfig(lr=1e-2, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1)
+    stage = _pipeline(models["llama"], variant, 2, optimizer=opt)[1]
+    before = stage.state_dict()
+    rng = np.random.default_rng(8)
+    history = {n: [rng.standard_normal(p.shape).astype(np.float32) for _ in range(2)] for n, p in before.items()}
+    for i in range(2):
+        stage.set_grads({n: h[i] for n, h in history.items()})
+        stage.step(grad_scale=0.5)
+        assert all(not g.any() for g in stage.grads().values())
+    after = stage.state_dict()
+    for name, p in before.items():
+        np.testing.assert_allclose(after[name], _adamw_reference(p, history[name], opt, 0.5),
+                                   rtol=0, atol=1e-6, err_msg=name)
+    stage.step()  # no gradients at all: nothing changes
+    assert all(np.array_equal(stage.state_dict()[n], after[n]) for n in after)
+
+
+def test_state_dict_set_weights_and_apply_delta_round_trip(variant, models):
+    model = models["llama"]
+    first, last = _pipeline(model, variant, 2)
+    state = last.state_dict()
+    assert set(state) == set(Checkpoint(model.path).stage_tensor_names(last.spec))
+    tokens = _tokens(model, (2, 5))
+    hidden = first.forward(tokens)
+    base = last.forward(hidden)
+    delta = {"model.norm.weight": np.full_like(state["model.norm.weight"], 0.25)}
+    last.apply_delta(delta)
+    np.testing.assert_allclose(last.state_dict()["model.norm.weight"], state["model.norm.weight"] + 0.25, atol=1e-7)
+    assert np.abs(last.forward(hidden) - base).max() > 1e-3
+    last.set_weights({"model.norm.weight": state["model.norm.weight"]})
+    np.testing.assert_allclose(last.forward(hidden), base, rtol=0, atol=1e-6)
+    state["model.norm.weight"][:] = 7.0  # state_dict returns copies, not views of the parameters
+    np.testing.assert_allclose(last.forward(hidden), base, rtol=0, atol=1e-6)
+
+
+def test_bad_requests_raise_backend_error_and_leave_the_stage_usable(variant, models):
+    model = models["llama"]
+    first, last = _pipeline(model, variant, 2)
+    tokens = _tokens(model, (2, 5))
+    hidden = first.forward(tokens)
+    bad_calls = [
+        lambda: first.forward(np.full((2, 5), model.vocab)),  # id outside the vocabulary
+        lambda: first.forward(np.zeros((2, 5), np.float32) + 0.5),  # floats where ids belong
+        lambda: first.forward(np.zeros((5,), np.int64)),  # wrong rank
+        lambda: last.forward(hidden[..., :-1]),  # wrong hidden size
+        lambda: last.forward(hidden, cache_id="c", key="k"),
+        lambda: first.token_logprobs(tokens, tokens),  # not the last stage
+        lambda: last.token_logprobs(hidden, tokens[:, :3]),  # targets shape
+        lambda: last.token_logprobs(hidden, tokens, temperature=0.0),
+        lambda: last.backward("unknown", np.zeros((2, 5, model.vocab), np.float32)),
+        lambda: last.apply_delta({"model.layers.0.mlp.up_proj.weight": np.zeros((80, 48), np.float32)}),
+        lambda: last.set_weights({"model.norm.weight": np.zeros(3, np.float32)}),
+        lambda: last.set_grads({"no.such.weight": np.zeros(3, np.float32)}),
+    ]
+    for call in bad_calls:
+        with pytest.raises(BackendError):
+            call()
+    last.forward(hidden, key="k")
+    with pytest.raises(BackendError):
+        last.forward(hidden, key="k")  # key already in flight
+    with pytest.raises(BackendError):
+        last.backward("k", np.zeros((2, 5, 3), np.float32))  # wrong gradient shape
+    np.testing.assert_allclose(pipeline_forward([first, last], tokens), _hf_logits(model, tokens),
+                               rtol=0, atol=LOGITS_ATOL)
+
+
+def test_closed_stage_refuses_work(variant, models):
+    first, _ = _pipeline(models["llama"], variant, 2)
+    first.close()
+    with pytest.raises(BackendError):
+        first.forward(_tokens(models["llama"], (1, 3)))
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("chain", [["torch-cpu", "mlx", "torch-cpu"], ["torch-cpu", "mlx", "torch-cpu", "mlx"],
+                                   ["mlx", "torch-cpu"]])
+def test_mixed_torch_and_mlx_pipeline_gives_the_same_logits_and_gradients(model, chain):
+    reason = _skip_reason("mlx")
+    if reason:
+        pytest.skip(reason)
+    tokens = _tokens(model, (2, 7), seed=9)
+    stages = _pipeline(model, chain, len(chain))
+    np.testing.assert_allclose(pipeline_forward(stages, tokens), _hf_logits(model, tokens), rtol=0, atol=LOGITS_ATOL)
+    dloss = np.random.default_rng(10).standard_normal((2, 7, model.vocab)).astype(np.float32)
+    model.hf.zero_grad(set_to_none=True)
+    model.hf(torch.from_numpy(tokens)).logits.backward(torch.from_numpy(dloss))
+    _train_forward(stages, tokens, "k")
+    _train_backward(stages, "k", dloss)
+    _assert_grads_close(_pipeline_grads(stages), _hf_grads(model))
