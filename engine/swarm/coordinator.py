@@ -150,15 +150,23 @@ class Coordinator:
         self.store.close()
 
     async def _tick_loop(self) -> None:
+        """The scheduling heartbeat. A bug in one tick is logged and the next tick runs anyway."""
         while True:
             await asyncio.sleep(self.config.tick_s)
-            self.scheduler.expire_jobs()
-            await self.scheduler.fill_generation()
-            if self._train_task is None or self._train_task.done():
-                if self._train_task is not None and not self._train_task.cancelled() and self._train_task.exception():
-                    log.error("training step crashed", exc_info=self._train_task.exception())
-                self._train_task = asyncio.get_running_loop().create_task(self.scheduler.maybe_train(),
-                                                                          name="polis-coord-step")
+            try:
+                self.scheduler.expire_jobs()
+                await self.scheduler.fill_generation()
+                if self._train_task is None or self._train_task.done():
+                    if self._train_task is not None and not self._train_task.cancelled() \
+                            and self._train_task.exception():
+                        log.error("training step crashed", exc_info=self._train_task.exception())
+                    self._train_task = asyncio.get_running_loop().create_task(self.scheduler.maybe_train(),
+                                                                              name="polis-coord-step")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduling tick failed")
+                await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ topology
     def stage_replicas(self) -> list[list[str]]:

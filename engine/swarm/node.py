@@ -139,6 +139,7 @@ class Node(NodeJobs):
         self._signal: SignallingClient | None = None
         self._pm: PeerManager | None = None
         self._link_locks: dict[str, asyncio.Lock] = {}
+        self._dialing: set[str] = set()
         self._gen_last: dict[str, _LastStageJob] = {}
         self._gen_first: dict[str, dict] = {}
         self._gen_mid_touch: dict[str, float] = {}
@@ -290,6 +291,7 @@ class Node(NodeJobs):
             return
         await self._send_coordinator({"type": "ready", "stage": self.spec.stage_index, "version": self.rt.version})
         self._set_state("contributing", f"serving {self.spec.describe(self.num_layers)}")
+        self._connect_neighbours()
         self._emit_status()
 
     async def _close_on_stop(self, ws) -> None:
@@ -411,7 +413,7 @@ class Node(NodeJobs):
                 try:
                     self._on_peer(link.peer_id, header, payload)
                 except ProtocolViolation as exc:
-                    link._strike("control", str(exc))
+                    link.report_violation(str(exc))
         except LinkClosed:
             pass
         finally:

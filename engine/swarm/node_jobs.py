@@ -57,6 +57,7 @@ class NodeJobs:
         elif kind == "members":
             self.members = m["stages"]
             self.coordinator_version = m["version"]
+            self._connect_neighbours()
             self._emit_status()
         elif kind == "sync":
             self._spawn(self._resync(m["source_peer"]), "polis-resync")
@@ -139,6 +140,34 @@ class NodeJobs:
             if waiter is None or waiter.done():
                 raise ProtocolViolation("unrequested weights")
             waiter.set_result((h, payload, h["config"]))
+
+    def _connect_neighbours(self) -> None:
+        """Open links ahead of need to every peer we will exchange with (neighbour stages, replicas).
+
+        Only the side with the smaller peer id dials, so two peers never race to connect;
+        connecting under load can take seconds and must not delay the first job.
+        """
+        if self.spec is None or self._pm is None:
+            return
+        me, stage = self.identity.peer_id, self.spec.stage_index
+        wanted = set()
+        for s in (stage - 1, stage, stage + 1):
+            if 0 <= s < len(self.members):
+                wanted.update(self.members[s])
+        if self.spec.is_last and self.members:
+            wanted.update(self.members[0])  # sampled tokens go back to stage 0
+        for peer in sorted(wanted):
+            if peer > me and self._pm.link(peer) is None and peer not in self._dialing:
+                self._dialing.add(peer)
+                self._spawn(self._dial(peer), f"polis-dial-{peer[:8]}")
+
+    async def _dial(self, peer: str) -> None:
+        try:
+            await self._link(peer)
+        except (NetError, OSError, asyncio.TimeoutError) as exc:
+            log.info("could not open a link to %s yet: %s", peer, exc)
+        finally:
+            self._dialing.discard(peer)
 
     def _stage_members(self) -> list[str]:
         stage = self.spec.stage_index

@@ -39,6 +39,8 @@ class RunConfig:
       activation_encoding: how activations and their gradients travel between stages.
       update_topk_fraction: share of gradient entries replicas exchange each step (top-k with
         error feedback, int8 values); 1.0 sends dense fp32.
+      prompts_per_job: prompts of one token length decoded together in one generation job
+        (prompts_per_job x group_size rows share a KV cache; more rows amortise per-step latency).
       generations_in_flight: generation jobs kept in flight per pipeline route.
       eval_every_versions: greedy held-out eval every this many versions (0 = start/end only).
       checkpoint_every_versions: stage leaders write a stage checkpoint this often.
@@ -57,6 +59,7 @@ class RunConfig:
     max_grad_norm: float = 1.0
     activation_encoding: str = "int8_rowwise"
     update_topk_fraction: float = 0.02
+    prompts_per_job: int = 4
     generations_in_flight: int = 3
     eval_every_versions: int = 5
     checkpoint_every_versions: int = 5
@@ -75,6 +78,7 @@ class RunConfig:
              f"activation_encoding must be one of {ACTIVATION_ENCODINGS}"),
             (0.0 < self.update_topk_fraction <= 1.0, "update_topk_fraction must be in (0, 1]"),
             (1 <= self.generations_in_flight <= 64, "generations_in_flight must be in [1, 64]"),
+            (1 <= self.prompts_per_job <= 256, "prompts_per_job must be in [1, 256]"),
             (0 <= self.eval_every_versions <= 100000, "eval_every_versions must be >= 0"),
             (1 <= self.checkpoint_every_versions <= 100000, "checkpoint_every_versions must be >= 1"),
             (0 <= self.max_versions <= 10**9, "max_versions must be >= 0"),

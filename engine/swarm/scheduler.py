@@ -2,7 +2,7 @@
 
 :class:`RunScheduler` decides what the swarm does next and keeps the books:
 
-* **generation** — keeps ``generations_in_flight`` jobs (one prompt x G samples)
+* **generation** — keeps ``generations_in_flight`` jobs (``prompts_per_job`` prompts x G samples)
   on every complete pipeline route, while the replay buffer is not full;
 * **scoring** — rewards are computed here from the returned token ids (never
   trusted from a node), group advantages, zero-variance groups skipped; every
@@ -51,7 +51,7 @@ EVAL_ROWS = 64
 class GenJob:
     job: str
     route: list[str]
-    prompts: list[str]  #: one prompt (train group) or several (eval)
+    prompts: list[str]  #: prompts of one token length (train: each sampled group_size times)
     kind: str  #: "train" or "eval"
     dispatched: float = field(default_factory=time.monotonic)
 
@@ -90,6 +90,7 @@ class RunScheduler(StepRunner):
         self._prompts = self.task.train_stream(run.seed + 7919 * int(store.get_meta("prompt_epoch", 0)))
         store.set_meta("prompt_epoch", int(store.get_meta("prompt_epoch", 0)) + 1)
         self._retry_prompts: deque[str] = deque()
+        self._length_buckets: dict[int, list[str]] = defaultdict(list)
         self._job_ids = itertools.count(int(time.time() * 1000) % 10**9)
         self.jobs: dict[str, GenJob] = {}
         self.eval_round: EvalRound | None = None
@@ -148,15 +149,31 @@ class RunScheduler(StepRunner):
         elif self.finished or self._ready_groups() + self._train_jobs() >= 2 * self.run.prompts_per_step:
             return None
         else:
-            prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts).prompt
-            job = GenJob(self._next_job_id("train"), route, [prompt], "train")
-            ids = [self.codec.encode_prompt(prompt)] * self.run.group_size
+            prompts = self._next_prompt_batch()
+            job = GenJob(self._next_job_id("train"), route, prompts, "train")
+            ids = [self.codec.encode_prompt(p) for p in prompts for _ in range(self.run.group_size)]
         params["seed"] = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
         self.jobs[job.job] = job
         return {"type": "gen", "job": job.job, "route": route, "prompt_ids": ids, "params": params}
 
     def _train_jobs(self) -> int:
-        return sum(1 for j in self.jobs.values() if j.kind == "train")
+        """Prompt groups being generated right now."""
+        return sum(len(j.prompts) for j in self.jobs.values() if j.kind == "train")
+
+    def _next_prompt_batch(self) -> list[str]:
+        """``prompts_per_job`` prompts of one token length (re-queued ones first)."""
+        want = self.run.prompts_per_job
+        while True:
+            if self._retry_prompts:
+                prompt = self._retry_prompts.popleft()
+            else:
+                prompt = next(self._prompts).prompt
+            bucket = self._length_buckets[len(self.codec.encode_prompt(prompt))]
+            bucket.append(prompt)
+            if len(bucket) >= want:
+                batch = bucket[:want]
+                del bucket[:want]
+                return batch
 
     def _start_eval(self, version: int) -> None:
         by_length: dict[int, list[str]] = defaultdict(list)
@@ -175,7 +192,7 @@ class RunScheduler(StepRunner):
         if job is None or sender != job.route[-1]:
             self.stats["unexpected_results"] += 1
             return
-        rows = len(job.prompts) if job.kind == "eval" else self.run.group_size
+        rows = len(job.prompts) * (1 if job.kind == "eval" else self.run.group_size)
         if len(m["tokens"]) != rows or len(m["logprobs"]) != rows or len(m["versions"]) != len(job.route) or \
                 any(len(t) != len(lp) for t, lp in zip(m["tokens"], m["logprobs"])):
             self.stats["malformed_results"] += 1
@@ -185,7 +202,7 @@ class RunScheduler(StepRunner):
         if job.kind == "eval":
             self._score_eval(job, m)
         else:
-            self._score_group(job, m)
+            self._score_groups(job, m)
 
     def _score_eval(self, job: GenJob, m: dict) -> None:
         r = self.eval_round
@@ -202,21 +219,26 @@ class RunScheduler(StepRunner):
             log.info("eval version %d: exact match %.3f on %d held-out prompts", r.version, accuracy, r.total)
             self.eval_round = None
 
-    def _score_group(self, job: GenJob, m: dict) -> None:
-        prompt = job.prompts[0]
-        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m["tokens"]]])
+    def _score_groups(self, job: GenJob, m: dict) -> None:
+        g = self.run.group_size
+        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m["tokens"][k * g:(k + 1) * g]]
+                            for k, prompt in enumerate(job.prompts)])
         adv, keep = group_advantages(rewards, scale_by_std=self.run.objective.scale_by_std)
         min_version = min(m["versions"])
-        rows = [dict(group_id=job.job, prompt=prompt, tokens=t, behaviour_logprobs=lp, versions=m["versions"],
-                     min_version=min_version, reward=float(r), advantage=float(a))
-                for t, lp, r, a in zip(m["tokens"], m["logprobs"], rewards[0], adv[0])]
+        rows = []
+        for k, prompt in enumerate(job.prompts):
+            sl = slice(k * g, (k + 1) * g)
+            rows += [dict(group_id=f"{job.job}:{k}", prompt=prompt, tokens=t, behaviour_logprobs=lp,
+                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a))
+                     for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
         ids = self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         self.stats["reward_sum"] += float(rewards.sum())
         self.stats["reward_count"] += rewards.size
-        if not keep[0]:
-            self.store.mark_rollouts(ids, "dropped")
-            self.stats["zero_variance_groups"] += 1
+        dropped = [i for k in range(len(job.prompts)) if not keep[k] for i in ids[k * g:(k + 1) * g]]
+        if dropped:
+            self.store.mark_rollouts(dropped, "dropped")
+            self.stats["zero_variance_groups"] += len(dropped) // g
 
     def on_job_failed(self, job_id: str, reason: str) -> None:
         self._fail_job(job_id, reason)
@@ -228,7 +250,7 @@ class RunScheduler(StepRunner):
         self.stats["failed_jobs"] += 1
         log.info("job %s failed (%s); its prompts are queued again", job_id, reason)
         if job.kind == "train":
-            self._retry_prompts.append(job.prompts[0])
+            self._retry_prompts.extend(job.prompts)
         elif self.eval_round is not None and job_id in self.eval_round.pending:
             self.eval_round.pending.discard(job_id)
             self.eval_round.queue.appendleft(job.prompts)
