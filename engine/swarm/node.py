@@ -435,6 +435,10 @@ class Node(NodeJobs):
                                     f"{self.rt.hidden_size}")
         return x
 
+    def _forward_encoded(self, forward, key: str, x: np.ndarray) -> tuple[dict, bytes]:
+        """Compute thread: run a stage forward and encode its output for the wire, in one hop."""
+        return self._encode_activation(forward(key, x))
+
     def _encode_activation(self, x: np.ndarray) -> tuple[dict, bytes]:
         enc = encode_tensor(np.asarray(x, dtype=np.float32), self.run_cfg.activation_encoding)
         return enc.header, bytes(enc.payload)

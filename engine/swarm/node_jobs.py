@@ -203,8 +203,7 @@ class NodeJobs:
             header = {"job": job, "route": state["route"], "params": state["params"], "versions": []}
             await self._gen_sample(header, x)
             return
-        out = await self.compute.run(self.rt.gen_forward, job, x)
-        tensor, payload = await self.compute.run(self._encode_activation, out)
+        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.gen_forward, job, x)
         await self._send(state["route"][1], {"type": "act", "kind": "gen", "job": job, "route": state["route"],
                                              "hop": 1, "versions": [self.rt.version], "tensor": tensor, "step": 0,
                                              "mb": 0, "params": state["params"]}, payload)
@@ -215,8 +214,7 @@ class NodeJobs:
             await self._gen_sample(h, x)
             return
         self._gen_mid_touch[h["job"]] = time.monotonic()
-        out = await self.compute.run(self.rt.gen_forward, h["job"], x)
-        tensor, payload = await self.compute.run(self._encode_activation, out)
+        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.gen_forward, h["job"], x)
         hop = h["hop"] + 1
         await self._send(h["route"][hop], {**h, "hop": hop, "versions": h["versions"] + [self.rt.version],
                                            "tensor": tensor}, payload)
@@ -296,8 +294,7 @@ class NodeJobs:
             await self._train_last_if_ready(key)
             return
         self._train_keys.add(key)
-        hidden = await self.compute.run(self.rt.train_forward, key, inputs)
-        tensor, payload = await self.compute.run(self._encode_activation, hidden)
+        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, inputs)
         await self._send(route[1], {"type": "act", "kind": "train", "job": key, "route": route, "hop": 1,
                                     "versions": [self.rt.version], "tensor": tensor, "step": m["step"],
                                     "mb": m["mb"]}, payload)
@@ -305,8 +302,7 @@ class NodeJobs:
     async def _train_mid(self, h: dict, x: np.ndarray) -> None:
         key = f"{h['step']}:{h['mb']}"
         self._train_keys.add(key)
-        hidden = await self.compute.run(self.rt.train_forward, key, x)
-        tensor, payload = await self.compute.run(self._encode_activation, hidden)
+        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, x)
         hop = h["hop"] + 1
         await self._send(h["route"][hop], {**h, "hop": hop, "tensor": tensor,
                                            "versions": h["versions"] + [self.rt.version]}, payload)
@@ -494,8 +490,14 @@ class NodeJobs:
             del self._train_slots[key]
 
     async def _report_loop(self) -> None:
+        busy_before, wall_before = self.compute.busy_seconds, time.monotonic()
+        ticks = 0
         while True:
             await asyncio.sleep(self.config.report_every_s)
+            busy_now, wall_now = self.compute.busy_seconds, time.monotonic()
+            busy_fraction = (busy_now - busy_before) / max(wall_now - wall_before, 1e-6)
+            busy_before, wall_before = busy_now, wall_now
+            log.debug("compute busy %.0f%% of the last %.1f s", 100 * busy_fraction, self.config.report_every_s)
             sent, received = self.bytes_moved()
             now = {**self.counters, "bytes_sent": sent, "bytes_received": received,
                    "uptime_s": time.monotonic() - self._started}
@@ -507,8 +509,32 @@ class NodeJobs:
                       bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),
                       points=round(now["tokens_generated"] / 100 + now["microbatches_trained"], 1),
                       policy_version=self.rt.version, staleness_mean=None,
-                      tokens_per_s=round(delta["tokens_generated"] / self.config.report_every_s, 1))
+                      tokens_per_s=round(delta["tokens_generated"] / self.config.report_every_s, 1),
+                      compute_busy_fraction=round(busy_fraction, 3))
             self._expire_jobs()
+            ticks += 1
+            if ticks % 3 == 1:
+                await self._emit_swarm()
+
+    async def _emit_swarm(self) -> None:
+        """Swarm-wide figures for the supervisor, from the coordinator's stats API."""
+        import aiohttp
+
+        url = self.config.coordinator_url.rstrip("/") + "/api/stats"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+                async with http.get(url) as response:
+                    stats = await response.json()
+            me = self.identity.peer_id
+            self.emit("swarm", policy_version=int(stats["version"]),
+                      eval=[{"version": int(e["version"]), "accuracy": float(e["accuracy"])}
+                            for e in stats["evals"][-200:]],
+                      reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}
+                              for v in stats["versions"][-500:]],
+                      stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]), "replicas": len(s["replicas"]),
+                               "mine": me in s["replicas"]} for s in stats["stages"]])
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as exc:
+            log.debug("no swarm stats this time: %s", exc)
 
     def _emit_status(self, force: bool = False) -> None:
         if self.spec is None:

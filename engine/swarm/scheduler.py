@@ -233,6 +233,7 @@ class RunScheduler(StepRunner):
                      for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
         ids = self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
+        self.stats["completion_tokens"] += sum(len(t) for t in m["tokens"])
         self.stats["reward_sum"] += float(rewards.sum())
         self.stats["reward_count"] += rewards.size
         dropped = [i for k in range(len(job.prompts)) if not keep[k] for i in ids[k * g:(k + 1) * g]]
