@@ -1,0 +1,167 @@
+"""What RL needs from a chain of pipeline stages, and the in-process chain.
+
+``StagePipeline`` is the whole contract between the RL code and the model: cached
+decoding to next-token logits, keyed training forwards to last-stage token log-probs,
+backward of a log-prob gradient down the chain, gradient norms, optimiser steps, and a
+policy version per stage (stages may step at different times in a swarm). The swarm
+provides a remote implementation of the same protocol; ``LocalPipeline`` chains
+``StageBackend`` objects living in this process (possibly of different backends).
+
+What it does not know: transports, tasks, rewards, the objective.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from backends.base import OptimizerConfig, StageBackend
+
+
+@runtime_checkable
+class StagePipeline(Protocol):
+    """A chain of stages seen as one model. Synchronous; not thread-safe."""
+
+    @property
+    def num_stages(self) -> int: ...
+
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str) -> np.ndarray:
+        """Append ``tokens int64 [B, T]`` to cache ``cache_id``; logits ``[B, V]`` of the last position."""
+
+    def drop_cache(self, cache_id: str) -> None:
+        """Free a cache on every stage (unknown ids are ignored)."""
+
+    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
+                       temperature: float = 1.0) -> np.ndarray:
+        """``log softmax(logits / temperature)`` at ``targets`` (``[B, T]``); with ``key``, keep the graph."""
+
+    def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
+        """Backpropagate ``dloss/dlogprobs`` of a keyed call through every stage (accumulating grads)."""
+
+    def release(self, key: str) -> None:
+        """Forget a keyed forward without backpropagating."""
+
+    def grad_sq_norms(self) -> list[float]:
+        """Squared L2 norm of the accumulated gradients, one per stage."""
+
+    def zero_grad(self) -> None: ...
+
+    def step(self, grad_scale: float = 1.0) -> None:
+        """Scale gradients, optimiser step on every stage, bump every stage's version."""
+
+    def versions(self) -> tuple[int, ...]:
+        """Policy version of each stage (number of optimiser steps it has applied)."""
+
+    def state_dicts(self) -> list[dict[str, np.ndarray]]:
+        """Parameters of each stage (fp32 numpy, HF names)."""
+
+    def set_weights(self, weights: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Overwrite each stage's parameters (versions are left alone)."""
+
+    def set_versions(self, versions: Sequence[int]) -> None:
+        """Declare the version of each stage (used when resuming)."""
+
+
+class LocalPipeline:
+    """``StagePipeline`` over ``StageBackend`` objects in this process, stage 0 first."""
+
+    def __init__(self, backends: Sequence[StageBackend], versions: Sequence[int] | None = None) -> None:
+        if not backends:
+            raise ValueError("a pipeline needs at least one stage")
+        self.backends = list(backends)
+        self._versions = list(versions) if versions is not None else [0] * len(self.backends)
+        if len(self._versions) != len(self.backends):
+            raise ValueError("one version per stage")
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path, num_stages: int = 1, backend: str = "auto",
+                        device: str | None = None, optimizer: OptimizerConfig | None = None,
+                        backend_per_stage: Sequence[str] | None = None) -> "LocalPipeline":
+        """Load ``checkpoint_dir`` split into ``num_stages`` stages (one backend name each, or all ``backend``)."""
+        from engine.model.checkpoint import Checkpoint
+        from engine.model.loader import load_stage
+        from engine.model.shard_plan import plan_stages
+
+        checkpoint = Checkpoint(checkpoint_dir)
+        specs = plan_stages(checkpoint.config.num_hidden_layers, num_stages)
+        names = list(backend_per_stage) if backend_per_stage is not None else [backend] * num_stages
+        if len(names) != num_stages:
+            raise ValueError("one backend name per stage")
+        return cls([load_stage(checkpoint, spec, names[i], device, optimizer) for i, spec in enumerate(specs)])
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.backends)
+
+    def _run(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
+             upto_last: bool = False) -> np.ndarray:
+        x = inputs
+        stages = self.backends[:-1] if upto_last else self.backends
+        for stage in stages:
+            x = stage.forward(x, cache_id=cache_id, key=key)
+        return x
+
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str) -> np.ndarray:
+        logits = self._run(np.asarray(tokens, dtype=np.int64), cache_id=cache_id)
+        return logits[:, -1, :]
+
+    def drop_cache(self, cache_id: str) -> None:
+        for stage in self.backends:
+            stage.drop_cache(cache_id)
+
+    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
+                       temperature: float = 1.0) -> np.ndarray:
+        inputs = np.asarray(inputs, dtype=np.int64)
+        try:
+            hidden = self._run(inputs, key=key, upto_last=True)
+            return self.backends[-1].token_logprobs(hidden, np.asarray(targets, dtype=np.int64), key=key,
+                                                    temperature=temperature)
+        except Exception:
+            if key is not None:
+                self.release(key)
+            raise
+
+    def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
+        grad = np.ascontiguousarray(grad_logprobs, dtype=np.float32)
+        for stage in reversed(self.backends):
+            grad = stage.backward(key, grad)
+
+    def release(self, key: str) -> None:
+        for stage in self.backends:
+            stage.release(key)
+
+    def grad_sq_norms(self) -> list[float]:
+        return [float(sum(np.square(g, dtype=np.float64).sum() for g in stage.grads().values()))
+                for stage in self.backends]
+
+    def zero_grad(self) -> None:
+        for stage in self.backends:
+            stage.zero_grad()
+
+    def step(self, grad_scale: float = 1.0) -> None:
+        for i, stage in enumerate(self.backends):
+            stage.step(grad_scale)
+            self._versions[i] += 1
+
+    def versions(self) -> tuple[int, ...]:
+        return tuple(self._versions)
+
+    def set_versions(self, versions: Sequence[int]) -> None:
+        if len(versions) != self.num_stages:
+            raise ValueError("one version per stage")
+        self._versions = [int(v) for v in versions]
+
+    def state_dicts(self) -> list[dict[str, np.ndarray]]:
+        return [stage.state_dict() for stage in self.backends]
+
+    def set_weights(self, weights: Sequence[Mapping[str, np.ndarray]]) -> None:
+        if len(weights) != self.num_stages:
+            raise ValueError("one weight dict per stage")
+        for stage, w in zip(self.backends, weights):
+            stage.set_weights(w)
+
+    def close(self) -> None:
+        for stage in self.backends:
+            stage.close()

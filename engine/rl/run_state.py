@@ -1,0 +1,156 @@
+"""Resumable learning state of a ``Trainer`` in a run directory (safetensors + JSON).
+
+Layout of ``run_dir``::
+
+    state.json                  step, per-stage versions, RNG states, config, queued rollouts, logs
+    stage{i}.safetensors        weights of stage i (HF names, fp32)
+    stage{i}.optimizer.safetensors   optimiser state of stage i, when its backend can export it
+
+Backends may offer ``optimizer_state() -> dict[str, ndarray]`` and
+``load_optimizer_state(dict)``; where they do not, a resumed run restarts the optimiser
+moments (everything else resumes exactly) and ``state.json`` says so. Files are written to
+a temporary name and renamed, so a crash never leaves a half-written state behind.
+
+What it does not know: how the weights are used, transports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.rl.rollout import Group, Sample
+
+if TYPE_CHECKING:
+    from engine.rl.trainer import Trainer
+
+STATE_FILE = "state.json"
+FORMAT_VERSION = 1
+#: largest state.json read back (queued rollouts of a small model are a few MB)
+MAX_STATE_BYTES = 256 * 1024 * 1024
+
+
+class RunStateError(RuntimeError):
+    """A run directory is missing, corrupt, or belongs to a different configuration."""
+
+
+def _group_to_json(g: Group) -> dict[str, Any]:
+    return {"prompt": g.prompt, "prompt_ids": g.prompt_ids.tolist(), "samples": [
+        {"ids": s.completion_ids.tolist(), "logprobs": s.behaviour_logprobs.astype(float).tolist(),
+         "versions": s.versions.tolist(), "finished": s.finished, "reward": s.reward} for s in g.samples]}
+
+
+def _group_from_json(d: dict[str, Any]) -> Group:
+    samples = [Sample(completion_ids=np.asarray(s["ids"], dtype=np.int64),
+                      behaviour_logprobs=np.asarray(s["logprobs"], dtype=np.float32),
+                      versions=np.asarray(s["versions"], dtype=np.int64).reshape(len(s["ids"]), -1),
+                      finished=bool(s["finished"]), reward=s["reward"]) for s in d["samples"]]
+    return Group(prompt=d["prompt"], prompt_ids=np.asarray(d["prompt_ids"], dtype=np.int64), samples=samples)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _save_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    from safetensors.numpy import save
+
+    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, metadata={"format": "pt"})
+    _atomic_write_bytes(path, data)
+
+
+def _load_tensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise RunStateError(f"{path}: missing") from None
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise RunStateError(f"{path}: unreadable ({exc})") from None
+
+
+def save_run(run_dir: str | Path, trainer: "Trainer") -> Path:
+    """Write everything needed to continue ``trainer`` later; returns the directory."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pipeline = trainer.pipeline
+    for i, weights in enumerate(pipeline.state_dicts()):
+        _save_tensors(run_dir / f"stage{i}.safetensors", weights)
+    optimizer_saved = []
+    for i, backend in enumerate(getattr(pipeline, "backends", [])):
+        export = getattr(backend, "optimizer_state", None)
+        if callable(export):
+            _save_tensors(run_dir / f"stage{i}.optimizer.safetensors", export())
+            optimizer_saved.append(i)
+    state = {
+        "format": FORMAT_VERSION,
+        "config": trainer.config.to_dict(),
+        "step": trainer.step_count,
+        "versions": list(pipeline.versions()),
+        "rng": {"prompt": trainer.prompt_rng.bit_generator.state, "sample": trainer.sample_rng.bit_generator.state,
+                "shuffle": trainer.shuffle_rng.bit_generator.state},
+        "queue": [[_group_to_json(g) for g in batch] for batch in trainer.queue.pending()],
+        "steps": [asdict(s) for s in trainer.steps],
+        "evals": [asdict(e) for e in trainer.evals],
+        "optimizer_state_saved_for_stages": optimizer_saved,
+    }
+    _atomic_write_bytes(run_dir / STATE_FILE, json.dumps(state).encode("utf-8"))
+    return run_dir
+
+
+def read_state(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / STATE_FILE
+    try:
+        if path.stat().st_size > MAX_STATE_BYTES:
+            raise RunStateError(f"{path}: larger than {MAX_STATE_BYTES} bytes")
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunStateError(f"{path}: missing (not a run directory)") from None
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+        raise RunStateError(f"{path}: not a format-{FORMAT_VERSION} run state")
+    return state
+
+
+def restore_run(run_dir: str | Path, trainer: "Trainer") -> None:
+    """Load a saved state into ``trainer`` (built with the same config and stage layout)."""
+    from engine.rl.trainer import EvalLog, StepLog
+
+    run_dir = Path(run_dir)
+    state = read_state(run_dir)
+    if state["config"] != trainer.config.to_dict():
+        raise RunStateError(f"{run_dir}: saved with a different trainer configuration")
+    pipeline = trainer.pipeline
+    if len(state["versions"]) != pipeline.num_stages:
+        raise RunStateError(f"{run_dir}: saved with {len(state['versions'])} stages, "
+                            f"this pipeline has {pipeline.num_stages}")
+    try:
+        pipeline.set_weights([_load_tensors(run_dir / f"stage{i}.safetensors") for i in range(pipeline.num_stages)])
+        for i in state.get("optimizer_state_saved_for_stages", []):
+            backend = pipeline.backends[i]
+            loader = getattr(backend, "load_optimizer_state", None)
+            if callable(loader):
+                loader(_load_tensors(run_dir / f"stage{i}.optimizer.safetensors"))
+        pipeline.set_versions(state["versions"])
+        trainer.step_count = int(state["step"])
+        trainer.prompt_rng.bit_generator.state = state["rng"]["prompt"]
+        trainer.sample_rng.bit_generator.state = state["rng"]["sample"]
+        trainer.shuffle_rng.bit_generator.state = state["rng"]["shuffle"]
+        trainer.queue.clear()
+        for batch in state["queue"]:
+            trainer.queue.push([_group_from_json(g) for g in batch])
+        trainer.steps = [StepLog(**{**s, "versions": tuple(s["versions"]),
+                                    "staleness_histogram": {int(k): v for k, v in s["staleness_histogram"].items()}})
+                         for s in state["steps"]]
+        trainer.evals = [EvalLog(**{**e, "versions": tuple(e["versions"])}) for e in state["evals"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunStateError(f"{run_dir}: corrupt run state ({exc})") from None

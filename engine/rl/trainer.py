@@ -1,0 +1,300 @@
+"""The RL loop in one process: sample groups, score, drop stale, advantages, update, evaluate.
+
+One ``Trainer.step()``: generate a batch of groups with the current policy, push it into a
+``LaggedQueue`` and train on the batch that comes out — the one generated ``lag_versions``
+optimiser steps ago (``0`` = synchronous). That is an honest in-process simulation of an
+asynchronous system whose generators run ``k`` versions ahead: the very same weights the
+samples came from are gone by the time they are trained on. Groups staler than
+``max_staleness`` are dropped and counted; zero-variance groups are skipped.
+
+The update: one optimiser step per batch (micro-batched rows, token-level normalisation
+over the batch), the proximal log-prob being the current policy at the start of the update,
+gradient clipping by global norm over all stages.
+
+What it does not know: transports (it talks to a ``StagePipeline``), tensor libraries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from engine.rl.batch import TrainBatch, build_batch
+from engine.rl.codec import TaskCodec
+from engine.rl.objective import ObjectiveConfig, compute_objective, group_advantages
+from engine.rl.pipeline import StagePipeline
+from engine.rl.evaluation import evaluate_greedy
+from engine.rl.rollout import Group, SamplingConfig, generate_groups
+from engine.rl.staleness import LaggedQueue, filter_stale, histogram
+from engine.rl.tasks import Task, TaskConfig, make_task
+from engine.rl.tasks.rewards import exact_match, token_reward
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Everything that defines a run. Validated on construction.
+
+    Fields:
+      task / objective / sampling: see their own configs.
+      prompts_per_step: prompts per batch (each sampled ``group_size`` times).
+      group_size: G, samples per prompt.
+      lag_versions: k; a batch is trained on k optimiser steps after the policy that
+        generated it (0 = synchronous on-policy). A multiple of ``updates_per_batch``.
+      max_staleness: groups more than this many versions behind the trainer are dropped.
+      max_grad_norm: global L2 clip over all stages (0 disables clipping).
+      micro_batch_rows: rows per keyed forward/backward.
+      updates_per_batch: optimiser steps per batch (its groups split into this many
+        mini-batches; the proximal policy is the one at the start of the first).
+      eval_every_steps: greedy eval on the held-out split every this many steps (0 = only when asked).
+      shuffle_rewards: negative control: permute rewards across all samples of a batch.
+      seed: seeds prompt choice, sampling and the control's shuffling.
+    """
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompts_per_step: int = 16
+    group_size: int = 8
+    lag_versions: int = 0
+    max_staleness: int = 4
+    max_grad_norm: float = 1.0
+    micro_batch_rows: int = 256
+    updates_per_batch: int = 1
+    eval_every_steps: int = 10
+    shuffle_rewards: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompts_per_step < 1 or self.group_size < 2:
+            raise ValueError("need prompts_per_step >= 1 and group_size >= 2")
+        if self.lag_versions < 0 or self.max_staleness < 0:
+            raise ValueError("lag_versions and max_staleness must be >= 0")
+        if self.updates_per_batch < 1:
+            raise ValueError("updates_per_batch must be >= 1")
+        if self.lag_versions % self.updates_per_batch:
+            raise ValueError(f"lag_versions ({self.lag_versions}) must be a multiple of "
+                             f"updates_per_batch ({self.updates_per_batch})")
+        if self.max_grad_norm < 0 or self.micro_batch_rows < 1 or self.eval_every_steps < 0:
+            raise ValueError("max_grad_norm >= 0, micro_batch_rows >= 1 and eval_every_steps >= 0 required")
+        if self.sampling.temperature <= 0:
+            raise ValueError("RL sampling needs temperature > 0 (greedy samples have no log-prob to correct)")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["task"]["reward"] = self.task.reward.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainerConfig":
+        d = dict(d)
+        return cls(task=TaskConfig(**d.pop("task")), objective=ObjectiveConfig(**d.pop("objective")),
+                   sampling=SamplingConfig(**d.pop("sampling")), **d)
+
+
+@dataclass
+class StepLog:
+    """What one trainer step did (all fractions in [0, 1])."""
+
+    step: int
+    versions: tuple[int, ...]  #: after the step
+    trained: bool  #: an optimiser step happened
+    reward_mean: float = 0.0
+    exact_fraction: float = 0.0  #: train samples that were exactly right
+    finished_fraction: float = 0.0  #: samples that emitted EOS
+    completion_tokens_mean: float = 0.0
+    groups: int = 0  #: groups that came out of the queue
+    zero_variance_fraction: float = 0.0  #: of the non-stale groups
+    dropped_stale: int = 0
+    staleness_histogram: dict[int, int] = field(default_factory=dict)
+    masked_fraction: float = 0.0
+    clipped_fraction: float = 0.0
+    ess: float = 1.0
+    mean_weight: float = 1.0
+    kl: float = 0.0
+    entropy_proxy: float = 0.0  #: mean -log b over sampled tokens (an entropy estimate)
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    generate_s: float = 0.0
+    train_s: float = 0.0
+
+
+@dataclass
+class EvalLog:
+    step: int
+    versions: tuple[int, ...]
+    exact_match: float  #: greedy exact match on the held-out split
+    mean_reward: float  #: greedy reward (the task's reward kind) on the held-out split
+    seconds: float
+
+
+class Trainer:
+    """Runs RL on ``pipeline`` for ``config``. ``reference`` (frozen base) is needed for KL."""
+
+    def __init__(self, pipeline: StagePipeline, codec: TaskCodec, config: TrainerConfig, *,
+                 reference: StagePipeline | None = None) -> None:
+        if config.objective.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference pipeline")
+        self.pipeline, self.codec, self.config, self.reference = pipeline, codec, config, reference
+        self.task: Task = make_task(config.task)
+        missing = set(self.task.alphabet) - set(codec.char_to_id)
+        if missing:
+            raise ValueError(f"the tokenizer lacks characters {''.join(sorted(missing))!r} of task {self.task.name}")
+        self.prompt_rng = np.random.default_rng([config.seed, 1])
+        self.sample_rng = np.random.default_rng([config.seed, 2])
+        self.shuffle_rng = np.random.default_rng([config.seed, 3])
+        self.queue: LaggedQueue[list[Group]] = LaggedQueue(config.lag_versions // config.updates_per_batch)
+        self.step_count = 0
+        self.steps: list[StepLog] = []
+        self.evals: list[EvalLog] = []
+        self._eval_examples = self.task.eval_split()
+
+    # -- rollouts ---------------------------------------------------------------------
+    def next_prompts(self) -> list[str]:
+        prompts: list[str] = []
+        while len(prompts) < self.config.prompts_per_step:
+            p = self.task.random_prompt(self.prompt_rng)
+            if not self.task.is_held_out(p):
+                prompts.append(p)
+        return prompts
+
+    def generate(self) -> list[Group]:
+        """A scored batch of groups from the current policy."""
+        prompts = self.next_prompts()
+        groups = generate_groups(self.pipeline, prompts, [self.codec.encode_prompt(p) for p in prompts],
+                                 self.config.group_size, self.config.sampling, self.codec.eos_id, self.sample_rng)
+        for g in groups:
+            for s in g.samples:
+                s.reward = token_reward(self.task, g.prompt, s.completion_ids, self.codec)
+        return groups
+
+    # -- one step -----------------------------------------------------------------------
+    def step(self) -> StepLog:
+        t0 = time.perf_counter()
+        self.queue.push(self.generate())
+        t1 = time.perf_counter()
+        batch = self.queue.pop_ready()
+        self.step_count += 1
+        log_ = StepLog(step=self.step_count, versions=self.pipeline.versions(), trained=False,
+                       generate_s=t1 - t0)
+        if batch is not None:
+            self._train_on(batch, log_)
+        log_.versions = self.pipeline.versions()
+        log_.train_s = time.perf_counter() - t1
+        self.steps.append(log_)
+        every = self.config.eval_every_steps
+        if every and self.step_count % every == 0:
+            self.evaluate()
+        return log_
+
+    def _train_on(self, groups: list[Group], out: StepLog) -> None:
+        cfg = self.config
+        samples = [s for g in groups for s in g.samples]
+        out.groups = len(groups)
+        out.reward_mean = float(np.mean([s.reward for s in samples]))
+        out.exact_fraction = float(np.mean([exact_match(self.task, g.prompt, s.completion_ids, self.codec)
+                                            for g in groups for s in g.samples]))
+        out.finished_fraction = float(np.mean([s.finished for s in samples]))
+        out.completion_tokens_mean = float(np.mean([len(s.completion_ids) for s in samples]))
+        out.entropy_proxy = float(-np.mean(np.concatenate([s.behaviour_logprobs for s in samples])))
+
+        versions = self.pipeline.versions()
+        fresh, seen, dropped = filter_stale(groups, versions, cfg.max_staleness)
+        out.staleness_histogram, out.dropped_stale = histogram(seen), dropped
+        if not fresh:
+            return
+        rewards = np.stack([g.rewards() for g in fresh])
+        if cfg.shuffle_rewards:
+            rewards = self.shuffle_rng.permutation(rewards.ravel()).reshape(rewards.shape)
+        adv, keep = group_advantages(rewards, scale_by_std=cfg.objective.scale_by_std)
+        out.zero_variance_fraction = float(1.0 - keep.mean())
+        kept = [g for g, k in zip(fresh, keep) if k]
+        if not kept:
+            return
+        adv_kept = [a for a, k in zip(adv, keep) if k]
+        chunks = np.array_split(np.arange(len(kept)), min(cfg.updates_per_batch, len(kept)))
+        batches = [build_batch([kept[j] for j in idx], [adv_kept[j] for j in idx], self.codec.pad_id, versions)
+                   for idx in chunks]
+        # With one update the proximal policy is the current one (taken from the keyed pass);
+        # with several it is computed for every mini-batch before the first step.
+        proximal: list[np.ndarray | None] = [None] * len(batches)
+        if len(batches) > 1:
+            proximal = [self._logprobs(b) for b in batches]
+        for i, (batch, prox) in enumerate(zip(batches, proximal)):
+            self._update(batch, out, prox, index=i)
+
+    def _logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """Unkeyed log-probs of ``batch``'s targets under the current weights."""
+        rows = self.config.micro_batch_rows
+        return np.concatenate([
+            self.pipeline.token_logprobs(batch.inputs[s:s + rows], batch.targets[s:s + rows],
+                                         temperature=self.config.sampling.temperature)
+            for s in range(0, batch.num_rows, rows)], axis=0)
+
+    def _update(self, batch: TrainBatch, out: StepLog, proximal: np.ndarray | None, index: int) -> None:
+        """One optimiser step on ``batch`` (micro-batched), folding its stats into ``out``."""
+        cfg = self.config
+        n_tokens = batch.num_tokens
+        totals = dict(masked=0.0, clipped=0.0, ess=0.0, weight=0.0, kl=0.0)
+        self.pipeline.zero_grad()
+        loss = 0.0
+        for start in range(0, batch.num_rows, cfg.micro_batch_rows):
+            rows = slice(start, start + cfg.micro_batch_rows)
+            inputs, targets = batch.inputs[rows], batch.targets[rows]
+            key = f"rl-{self.step_count}-{index}-{start}"
+            logp = self.pipeline.token_logprobs(inputs, targets, key=key, temperature=cfg.sampling.temperature)
+            ref = None
+            if self.reference is not None:
+                ref = self.reference.token_logprobs(inputs, targets, temperature=cfg.sampling.temperature)
+            prox = logp if proximal is None else proximal[rows]
+            result = compute_objective(logp, prox, batch.behaviour[rows], batch.advantages[rows], batch.mask[rows],
+                                       cfg.objective, ref_logp=ref, normaliser=n_tokens)
+            self.pipeline.backward(key, result.grad)
+            loss += result.loss
+            share = result.stats.num_tokens / n_tokens
+            for name, value in (("masked", result.stats.masked_fraction), ("clipped", result.stats.clipped_fraction),
+                                ("ess", result.stats.ess), ("weight", result.stats.mean_weight),
+                                ("kl", result.stats.kl)):
+                totals[name] += share * value
+        norm = float(np.sqrt(sum(self.pipeline.grad_sq_norms())))
+        scale = 1.0
+        if cfg.max_grad_norm > 0 and norm > cfg.max_grad_norm:
+            scale = cfg.max_grad_norm / (norm + 1e-12)
+        self.pipeline.step(scale)
+        k = index + 1  # running mean over the updates of this batch
+        out.trained = True
+        out.loss += (loss - out.loss) / k
+        out.grad_norm += (norm - out.grad_norm) / k
+        out.masked_fraction += (totals["masked"] - out.masked_fraction) / k
+        out.clipped_fraction += (totals["clipped"] - out.clipped_fraction) / k
+        out.ess += (totals["ess"] - out.ess) / k
+        out.mean_weight += (totals["weight"] - out.mean_weight) / k
+        out.kl += (totals["kl"] - out.kl) / k
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, run_dir) -> None:
+        """Checkpoint the learning state (see ``engine.rl.run_state``)."""
+        from engine.rl.run_state import save_run
+
+        save_run(run_dir, self)
+
+    def restore(self, run_dir) -> None:
+        """Continue from a state saved by ``save`` (same config, same stage layout)."""
+        from engine.rl.run_state import restore_run
+
+        restore_run(run_dir, self)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self) -> EvalLog:
+        """Greedy decoding on the held-out split; recorded in ``self.evals``."""
+        r = evaluate_greedy(self.pipeline, self.codec, self.task, self.config.sampling.max_new_tokens,
+                            self._eval_examples)
+        result = EvalLog(step=self.step_count, versions=self.pipeline.versions(), exact_match=r.exact_match,
+                         mean_reward=r.mean_reward, seconds=r.seconds)
+        self.evals.append(result)
+        log.info("eval at step %d: exact %.3f reward %.3f", result.step, result.exact_match, result.mean_reward)
+        return result
