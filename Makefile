@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.polis-installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench installer installer-test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# The desktop installer for this OS (Linux .tar.gz, macOS .dmg, Windows .zip + setup.exe) in dist/.
+installer: $(STAMP)
+	$(PIP) install -e ".[installer]" "$(TORCH_PIN)"
+	$(PY) installer/build.py $(INSTALLER_ARGS)
+
+# Builds the Linux installer from a clean copy of the tree and runs the frozen app (5-8 min).
+installer-test: $(STAMP)
+	$(PIP) install -e ".[installer]" "$(TORCH_PIN)"
+	POLIS_INSTALLER_TEST=1 QT_QPA_PLATFORM=offscreen $(PY) -m pytest tests/integration/test_installer_smoke.py -s $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/polis bench shard

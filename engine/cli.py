@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from typing import Sequence
@@ -32,6 +33,13 @@ BENCHES: dict[str, tuple[str, str]] = {
     "rl": ("engine.bench.rl", "RL: sync vs stale/corrected vs controls, from the base checkpoint"),
     "transport": ("engine.bench.transport", "WebRTC transport: goodput, latency, codecs, WAN"),
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
+}
+
+#: module -> packages it needs beyond what contributing needs; the installed desktop app
+#: (installer/polis.spec) leaves these out, so the command explains instead of failing deep inside.
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "engine.model.sharded_check": ("transformers",),
+    "engine.bench.shard": ("transformers",),
 }
 
 
@@ -62,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_module(module_name: str, prog: str, argv: Sequence[str], help_text: str) -> int:
+    missing = [name for name in REQUIRES.get(module_name, ()) if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"polis: '{prog}' needs {', '.join(missing)}, which this build leaves out (the installed app "
+              f"ships only what contributing needs); run it from a source checkout (make install)",
+              file=sys.stderr)
+        return 2
     module = _load(module_name)
     if module is None:
         print(f"polis: '{prog}' is not available in this build.", file=sys.stderr)
