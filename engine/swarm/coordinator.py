@@ -326,6 +326,8 @@ class Coordinator:
             sched.on_mb_loss(session.peer_id, m)
         elif kind == "mb_done":
             sched.on_mb_done(session.peer_id, m)
+        elif kind == "prox_done":
+            sched.on_prox_done(session.peer_id, m)
         elif kind == "mb_failed":
             sched.on_mb_failed(session.peer_id, m)
         elif kind == "stepped":

@@ -43,6 +43,7 @@ _STEP = Int(0, 1 << 40)
 _ROUTE = List(_PEER_ID, min_len=1, max_len=MAX_STAGES)
 _TOKEN_ROWS = List(List(_TOKEN, min_len=1, max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
 _FLOAT_ROWS = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
+_FLOAT_ROWS_OPT = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS, required=False)
 _BOOL_ROWS = List(List(Bool(), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
 _COUNT = Float(0, 1e18)
 #: how the last stage samples a generation job (travels with every generation step)
@@ -61,11 +62,14 @@ COORDINATOR_TO_NODE = SchemaRegistry([
     Schema("members", {"stages": List(List(_PEER_ID, max_len=MAX_PEERS), max_len=MAX_STAGES),
                        "version": _VERSION}),
     Schema("gen", {"job": _JOB, "route": _ROUTE, "prompt_ids": _TOKEN_ROWS, "params": Map(_GEN_PARAMS)}),
-    Schema("train_in", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "inputs": _TOKEN_ROWS}),
+    # prox=True: forward only, to get the proximal log-probs of a batch before its first update
+    Schema("train_in", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "inputs": _TOKEN_ROWS,
+                        "prox": Bool(required=False)}),
     Schema("train_out", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "targets": _TOKEN_ROWS,
                          "mask": _BOOL_ROWS, "behaviour": _FLOAT_ROWS, "advantages": List(Float(-1e4, 1e4),
                                                                                            max_len=MAX_ROWS),
-                         "normaliser": Float(1e-9, 1e12)}),
+                         "normaliser": Float(1e-9, 1e12), "prox": Bool(required=False),
+                         "proximal": _FLOAT_ROWS_OPT}),
     Schema("apply", {"step": _STEP, "version": _VERSION, "replicas": List(_PEER_ID, min_len=1, max_len=MAX_PEERS),
                      "checkpoint": Bool()}),
     Schema("abort", {"step": _STEP}),
@@ -87,6 +91,7 @@ NODE_TO_COORDINATOR = SchemaRegistry([
     Schema("mb_loss", {"step": _STEP, "mb": Int(0, 1 << 20), "loss": Float(-1e6, 1e6), "tokens": Int(0, 1 << 30),
                        "masked_fraction": Float(0, 1), "ess": Float(0, 1), "clipped_fraction": Float(0, 1)}),
     Schema("mb_done", {"step": _STEP, "mb": Int(0, 1 << 20)}),
+    Schema("prox_done", {"step": _STEP, "mb": Int(0, 1 << 20), "logprobs": _FLOAT_ROWS}),
     Schema("mb_failed", {"step": _STEP, "mb": Int(0, 1 << 20), "reason": Str(0, 500)}),
     Schema("stepped", {"step": _STEP, "version": _VERSION, "grad_norm": Float(0, 1e12),
                        "checksum": Float(-1e30, 1e30), "update_bytes": Int(0, 1 << 40),
@@ -99,7 +104,7 @@ NODE_TO_COORDINATOR = SchemaRegistry([
 _TENSOR_HEADER = Any_()  # validated by engine.net.tensor_codec.decode_tensor
 PEER_MESSAGES = SchemaRegistry([
     # activations forward (generation step or training micro-batch)
-    Schema("act", {"kind": Str(choices={"gen", "train"}), "job": _JOB, "route": _ROUTE, "hop": Int(1, MAX_STAGES),
+    Schema("act", {"kind": Str(choices={"gen", "train", "prox"}), "job": _JOB, "route": _ROUTE, "hop": Int(1, MAX_STAGES),
                    "versions": List(_VERSION, min_len=1, max_len=MAX_STAGES), "tensor": _TENSOR_HEADER,
                    "step": _STEP, "mb": Int(0, 1 << 20), "params": Map(_GEN_PARAMS, required=False)}),
     # sampled tokens back to stage 0 (done: the job is finished, free the caches)

@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 JOB_TTL_S = 120.0
 
 
+def _train_key(m: dict) -> str:
+    """Key of a training micro-batch; proximal (forward-only) passes get their own."""
+    return f"{'p' if m.get('prox') or m.get('kind') == 'prox' else ''}{m['step']}:{m['mb']}"
+
+
 def _rect(rows: list[list[Any]], dtype, what: str) -> np.ndarray:
     width = len(rows[0])
     if any(len(r) != width for r in rows):
@@ -47,7 +52,7 @@ class NodeJobs:
         elif kind == "train_in":
             self._spawn(self._guard(self._train_in(m), step=m["step"], mb=m["mb"]), f"polis-train-{m['step']}-{m['mb']}")
         elif kind == "train_out":
-            key = f"{m['step']}:{m['mb']}"
+            key = _train_key(m)
             self._slot(key).out = m
             self._spawn(self._guard(self._train_last_if_ready(key), step=m["step"], mb=m["mb"]), f"polis-last-{key}")
         elif kind == "apply":
@@ -103,7 +108,7 @@ class NodeJobs:
             if h["kind"] == "gen":
                 self._spawn(self._guard(self._gen_hop(h, x), job=h["job"]), f"polis-gen-{h['job']}")
             else:
-                key = f"{h['step']}:{h['mb']}"
+                key = _train_key(h)
                 if self.spec.is_last:
                     self._slot(key).act = (h, x)
                     self._spawn(self._guard(self._train_last_if_ready(key), step=h["step"], mb=h["mb"]),
@@ -283,26 +288,37 @@ class NodeJobs:
 
     # ------------------------------------------------------------------ training
     async def _train_in(self, m: dict) -> None:
-        route, key = m["route"], f"{m['step']}:{m['mb']}"
+        route, key = m["route"], _train_key(m)
         if not self.spec.is_first or len(route) != self.spec.num_stages or route[0] != self.identity.peer_id:
             raise ProtocolViolation("training input sent to a node that is not its first stage")
         inputs = _rect(m["inputs"], np.int64, "inputs")
         if inputs.max() >= self.rt.vocab_size:
             raise ProtocolViolation("input token id outside the vocabulary")
+        prox = bool(m.get("prox"))
         if self.spec.is_last:
             self._slot(key).act = ({"route": route}, inputs)
             await self._train_last_if_ready(key)
             return
-        self._train_keys.add(key)
-        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, inputs)
-        await self._send(route[1], {"type": "act", "kind": "train", "job": key, "route": route, "hop": 1,
+        if prox:
+            tensor, payload = await self.compute.run(self._forward_encoded, self._forward_only, key, inputs)
+        else:
+            self._train_keys.add(key)
+            tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, inputs)
+        await self._send(route[1], {"type": "act", "kind": "prox" if prox else "train", "job": key, "route": route,
+                                    "hop": 1,
                                     "versions": [self.rt.version], "tensor": tensor, "step": m["step"],
                                     "mb": m["mb"]}, payload)
 
+    def _forward_only(self, key: str, x: np.ndarray) -> np.ndarray:
+        return self.rt.forward_only(x)
+
     async def _train_mid(self, h: dict, x: np.ndarray) -> None:
-        key = f"{h['step']}:{h['mb']}"
-        self._train_keys.add(key)
-        tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, x)
+        key = _train_key(h)
+        if h["kind"] == "prox":
+            tensor, payload = await self.compute.run(self._forward_encoded, self._forward_only, key, x)
+        else:
+            self._train_keys.add(key)
+            tensor, payload = await self.compute.run(self._forward_encoded, self.rt.train_forward, key, x)
         hop = h["hop"] + 1
         await self._send(h["route"][hop], {**h, "hop": hop, "tensor": tensor,
                                            "versions": h["versions"] + [self.rt.version]}, payload)
@@ -325,10 +341,21 @@ class NodeJobs:
             raise ProtocolViolation("targets, mask, behaviour or advantages do not fit the activations")
         if targets.max() >= self.rt.vocab_size:
             raise ProtocolViolation("target token id outside the vocabulary")
+        temperature = self.run_cfg.sampling.temperature
+        if out.get("prox"):
+            logp = await self.compute.run(self.rt.prox_logprobs, x, targets, temperature)
+            await self._send_coordinator({"type": "prox_done", "step": out["step"], "mb": out["mb"],
+                                          "logprobs": np.round(logp, 6).tolist()})
+            return
+        proximal = None
+        if out.get("proximal") is not None:
+            proximal = _rect(out["proximal"], np.float32, "proximal")
+            if proximal.shape != targets.shape:
+                raise ProtocolViolation("proximal log-probs do not fit the targets")
         self._train_keys.add(key)
         grad_in, stats = await self.compute.run(
             self.rt.train_last, key, x, targets, mask, behaviour, advantages, out["normaliser"],
-            self.run_cfg.objective, self.run_cfg.sampling.temperature)
+            self.run_cfg.objective, temperature, proximal)
         self._train_keys.discard(key)
         self.counters["microbatches_trained"] += 1
         step, mb = out["step"], out["mb"]

@@ -33,6 +33,9 @@ class RunConfig:
       group_size: samples per prompt (G).
       prompts_per_step: prompt groups consumed by one optimiser step.
       micro_batch_rows: most sequences in one training micro-batch through the pipeline.
+      updates_per_batch: optimiser steps per batch (its rows split into this many mini-batches);
+        with more than one, a forward-only pass first records the proximal log-probs of every
+        row under the weights at the start of the batch (decoupled PPO's anchor).
       max_staleness: rollouts more than this many versions behind are dropped.
       lr: AdamW learning rate on every stage.
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
@@ -54,6 +57,7 @@ class RunConfig:
     group_size: int = 8
     prompts_per_step: int = 8
     micro_batch_rows: int = 32
+    updates_per_batch: int = 1
     max_staleness: int = 4
     lr: float = 3e-3
     max_grad_norm: float = 1.0
@@ -71,6 +75,7 @@ class RunConfig:
             (2 <= self.group_size <= 256, "group_size must be in [2, 256]"),
             (1 <= self.prompts_per_step <= 4096, "prompts_per_step must be in [1, 4096]"),
             (1 <= self.micro_batch_rows <= 4096, "micro_batch_rows must be in [1, 4096]"),
+            (1 <= self.updates_per_batch <= 64, "updates_per_batch must be in [1, 64]"),
             (0 <= self.max_staleness <= 1000, "max_staleness must be in [0, 1000]"),
             (0.0 < self.lr < 1.0, "lr must be in (0, 1)"),
             (0.0 <= self.max_grad_norm < 1e6, "max_grad_norm must be in [0, 1e6)"),

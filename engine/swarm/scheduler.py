@@ -100,7 +100,7 @@ class RunScheduler(StepRunner):
         self.step_log: list[dict[str, Any]] = []
         self.finished = False
         self.received_rollouts = 0
-        self._mb_events: dict[tuple[int, int], asyncio.Future] = {}
+        self._mb_events: dict[tuple[int, int, bool], asyncio.Future] = {}
         self._mb_losses: dict[int, list[dict]] = defaultdict(list)
         self._stepped: dict[int, dict[str, dict]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
@@ -259,7 +259,7 @@ class RunScheduler(StepRunner):
     def on_node_lost(self, peer_id: str) -> None:
         for job_id in [j for j, job in self.jobs.items() if peer_id in job.route]:
             self._fail_job(job_id, f"node {peer_id} left")
-        for (step, mb), fut in list(self._mb_events.items()):
+        for fut in list(self._mb_events.values()):
             if not fut.done() and peer_id in getattr(fut, "route", ()):
                 fut.set_result(("failed", f"node {peer_id} left"))
         self._stepped_event.set()

@@ -118,17 +118,27 @@ class StageRuntime:
     def train_forward(self, key: str, x: np.ndarray) -> np.ndarray:
         return self._b().forward(x, key=key)
 
+    def forward_only(self, x: np.ndarray) -> np.ndarray:
+        """A forward pass that keeps nothing (proximal log-prob passes)."""
+        return self._b().forward(x)
+
+    def prox_logprobs(self, x: np.ndarray, targets: np.ndarray, temperature: float) -> np.ndarray:
+        """Last stage: log-probs of ``targets`` under the current weights, nothing kept."""
+        return self._b().token_logprobs(x, targets, temperature=temperature)
+
     def train_last(self, key: str, x: np.ndarray, targets: np.ndarray, mask: np.ndarray, behaviour: np.ndarray,
                    advantages: np.ndarray, normaliser: float, objective: ObjectiveConfig,
-                   temperature: float) -> tuple[np.ndarray | None, dict[str, float]]:
+                   temperature: float, proximal: np.ndarray | None = None) -> tuple[np.ndarray | None, dict[str, float]]:
         """Last stage: log-probs, the decoupled objective's gradient, backward. Returns (input grad, stats).
 
-        One optimiser step per batch means the proximal policy equals the current
-        weights, so ``p`` is these very log-probs (detached).
+        ``proximal``: log-probs under the weights at the start of the batch (recorded by a
+        forward-only pass when a batch gets several updates); without it the batch gets one
+        update, so the proximal policy is the current weights and ``p`` is these very log-probs.
         """
         backend = self._b()
         logp = backend.token_logprobs(x, targets, key=key, temperature=temperature)
-        result = compute_objective(logp, logp.copy(), behaviour, advantages, mask, objective, normaliser=normaliser)
+        anchor = logp.copy() if proximal is None else proximal
+        result = compute_objective(logp, anchor, behaviour, advantages, mask, objective, normaliser=normaliser)
         grad_in = backend.backward(key, result.grad)
         stats = {"loss": result.loss, "tokens": result.stats.num_tokens,
                  "masked_fraction": result.stats.masked_fraction, "ess": result.stats.ess,

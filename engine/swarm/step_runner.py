@@ -71,7 +71,11 @@ class StepRunner:
         return groups, advantages, ids
 
     async def maybe_train(self) -> bool:
-        """Run one step if the buffer holds enough fresh groups; True if the version advanced."""
+        """Train on one batch if the buffer holds enough fresh groups; True if the version advanced.
+
+        A batch gets ``updates_per_batch`` optimiser steps, one per mini-batch of its rows;
+        with more than one, a forward-only pass first records every row's proximal log-probs.
+        """
         if self.finished or not self.store.evals():
             return False  # the "before" eval comes first
         if self.run.max_versions and self.version >= self.run.max_versions:
@@ -87,90 +91,132 @@ class StepRunner:
         batch = build_batch(groups, advantages, self.codec.pad_id, [self.version] * num_stages)
         for s in batch.staleness.tolist():
             self.staleness_hist[int(s)] += 1
-        step = self.version
         started = time.monotonic()
-        ok = await self._run_microbatches(step, batch)
-        if ok:
-            ok = await self._apply(step)
-        if not ok:
-            log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
-            for replicas in self.stage_replicas():
-                for peer in replicas:
-                    await self.send(peer, {"type": "abort", "step": step})
-            self.stats["aborted_steps"] += 1
-            return False
+        updates = min(self.run.updates_per_batch, batch.num_rows)
+        proximal = None
+        if updates > 1:
+            proximal = await self._proximal_pass(self.version, batch)
+            if proximal is None:
+                return await self._abort(self.version, rollout_ids)
+        for m in range(updates):
+            rows = np.arange(m, batch.num_rows, updates)
+            mini = _select(batch, rows)
+            step = self.version
+            ok = await self._run_microbatches(step, mini, None if proximal is None else proximal[rows])
+            ok = ok and await self._apply(step)
+            if not ok:
+                if m == 0:
+                    return await self._abort(step, rollout_ids)
+                await self._abort(step, [])
+                break
+            self._record_step(step, mini, groups, started)
         self.store.mark_rollouts(rollout_ids, "consumed")
-        losses = self._mb_losses.pop(step, [])
-        rewards = [s.reward for g in groups for s in g.samples]
-        entry = {
-            "version": self.version, "reward": float(np.mean(rewards)), "samples": len(rewards),
-            "seconds": round(time.monotonic() - started, 3),
-            "staleness_mean": float(batch.staleness.mean()),
-            "masked_fraction": float(np.mean([x["masked_fraction"] for x in losses])) if losses else 0.0,
-            "ess": float(np.mean([x["ess"] for x in losses])) if losses else 1.0,
-            "loss": float(np.sum([x["loss"] for x in losses])) if losses else 0.0,
-        }
-        self.store.record_version(self.version, reward_mean=entry["reward"], samples=len(rewards), info=entry)
-        self.step_log.append(entry)
-        if self.run.eval_every_versions and self.version % self.run.eval_every_versions == 0:
+        if self.run.eval_every_versions and self.version % self.run.eval_every_versions < updates:
             self.request_eval()
         if self.run.max_versions and self.version >= self.run.max_versions:
             self.finished = True
             self.request_eval()
         return True
 
-    async def _run_microbatches(self, step: int, batch) -> bool:
+    async def _abort(self, step: int, rollout_ids: list[int]) -> bool:
+        log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
+        for replicas in self.stage_replicas():
+            for peer in replicas:
+                await self.send(peer, {"type": "abort", "step": step})
+        self.stats["aborted_steps"] += 1
+        return False
+
+    def _record_step(self, step: int, mini, groups: list[Group], started: float) -> None:
+        losses = self._mb_losses.pop(step, [])
+        rewards = [s.reward for g in groups for s in g.samples]
+        entry = {
+            "version": self.version, "reward": float(np.mean(rewards)), "samples": int(mini.num_rows),
+            "seconds": round(time.monotonic() - started, 3),
+            "staleness_mean": float(mini.staleness.mean()),
+            "masked_fraction": float(np.mean([x["masked_fraction"] for x in losses])) if losses else 0.0,
+            "ess": float(np.mean([x["ess"] for x in losses])) if losses else 1.0,
+            "loss": float(np.sum([x["loss"] for x in losses])) if losses else 0.0,
+        }
+        self.store.record_version(self.version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
+        self.step_log.append(entry)
+
+    async def _proximal_pass(self, step: int, batch) -> np.ndarray | None:
+        """Log-probs of every row under the current weights (forward only), as ``[rows, width]``."""
+        results = await self._run_microbatches(step, batch, None, prox=True)
+        if results is None:
+            return None
+        proximal = np.zeros(batch.mask.shape, dtype=np.float32)
+        for start, logp in results:
+            proximal[start:start + logp.shape[0], :logp.shape[1]] = logp
+        return proximal
+
+    async def _run_microbatches(self, step: int, batch, proximal: np.ndarray | None, *, prox: bool = False):
+        """Send every micro-batch of ``batch`` through the routes and wait for all of them.
+
+        Returns True (or, for a proximal pass, ``[(first_row, logprobs)]``) on success, else
+        None/False. A micro-batch whose route breaks is retried on another route.
+        """
         routes = self.routes()
         rows = batch.num_rows
         per_mb = max(1, min(self.run.micro_batch_rows, math.ceil(rows / len(routes))))
-        pending: dict[int, tuple[Any, int]] = {}
+        pending: dict[int, tuple[Any, int, int]] = {}
         for mb, start in enumerate(range(0, rows, per_mb)):
-            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0)
+            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0, start)
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.step_timeout_s
         futures: dict[int, asyncio.Future] = {}
+        results: list[tuple[int, np.ndarray]] = []
+        failed = None if prox else False
 
-        async def dispatch(mb: int, micro, route: list[str]) -> None:
+        async def dispatch(mb: int, micro, start: int, route: list[str]) -> None:
             fut = asyncio.get_running_loop().create_future()
             fut.route = tuple(route)  # lets on_node_lost fail it
-            self._mb_events[(step, mb)] = fut
+            self._mb_events[(step, mb, prox)] = fut
             futures[mb] = fut
+            width = micro.inputs.shape[1]
+            out = {"type": "train_out", "step": step, "mb": mb, "route": route, "targets": micro.targets.tolist(),
+                   "mask": micro.mask.tolist(), "behaviour": np.round(micro.behaviour, 6).tolist(),
+                   "advantages": micro.advantages.tolist(), "normaliser": normaliser}
+            if prox:
+                out["prox"] = True
+            if proximal is not None:
+                out["proximal"] = np.round(proximal[start:start + micro.num_rows, :width], 6).tolist()
             sent = await self.send(route[0], {"type": "train_in", "step": step, "mb": mb, "route": route,
-                                              "inputs": micro.inputs.tolist()})
-            sent = sent and await self.send(route[-1], {
-                "type": "train_out", "step": step, "mb": mb, "route": route, "targets": micro.targets.tolist(),
-                "mask": micro.mask.tolist(), "behaviour": np.round(micro.behaviour, 6).tolist(),
-                "advantages": micro.advantages.tolist(), "normaliser": normaliser})
+                                              "inputs": micro.inputs.tolist(), **({"prox": True} if prox else {})})
+            sent = sent and await self.send(route[-1], out)
             if not sent and not fut.done():
                 fut.set_result(("failed", "route unreachable"))
 
         for i, mb in enumerate(sorted(pending)):
-            await dispatch(mb, pending[mb][0], routes[i % len(routes)])
+            micro, _, start = pending[mb]
+            await dispatch(mb, micro, start, routes[i % len(routes)])
         try:
             while pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return False
+                    return failed
                 done, _ = await asyncio.wait([futures[mb] for mb in pending], timeout=remaining,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:
-                    return False
+                    return failed
                 for mb in [m for m in pending if futures[m].done()]:
-                    status, reason = futures[mb].result()
-                    micro, attempts = pending.pop(mb)
+                    status, detail = futures[mb].result()
+                    micro, attempts, start = pending.pop(mb)
                     if status == "done":
+                        if prox:
+                            results.append((start, detail))
                         continue
                     self.stats["retried_microbatches"] += 1
                     routes = self.routes()
                     if attempts + 1 >= MAX_MB_ATTEMPTS or not routes:
-                        log.warning("micro-batch %d of step %d failed for good: %s", mb, step, reason)
-                        return False
-                    log.info("micro-batch %d of step %d failed (%s); retrying on another route", mb, step, reason)
-                    pending[mb] = (micro, attempts + 1)
-                    await dispatch(mb, micro, routes[(mb + attempts + 1) % len(routes)])
-            return True
+                        log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
+                        return failed
+                    log.info("micro-batch %d of step %d failed (%s); retrying on another route", mb, step, detail)
+                    pending[mb] = (micro, attempts + 1, start)
+                    await dispatch(mb, micro, start, routes[(mb + attempts + 1) % len(routes)])
+            return results if prox else True
         finally:
-            for key in [k for k in self._mb_events if k[0] == step]:
+            for key in [k for k in self._mb_events if k[0] == step and k[2] == prox]:
                 del self._mb_events[key]
 
     async def _apply(self, step: int) -> bool:
@@ -230,16 +276,37 @@ class StepRunner:
         self._mb_losses[m["step"]].append(m)
 
     def on_mb_done(self, sender: str, m: dict) -> None:
-        fut = self._mb_events.get((m["step"], m["mb"]))
+        fut = self._mb_events.get((m["step"], m["mb"], False))
         if fut is not None and not fut.done() and sender == fut.route[0]:
             fut.set_result(("done", ""))
 
+    def on_prox_done(self, sender: str, m: dict) -> None:
+        fut = self._mb_events.get((m["step"], m["mb"], True))
+        if fut is None or fut.done() or sender != fut.route[-1]:
+            return
+        rows = m["logprobs"]
+        if any(len(r) != len(rows[0]) for r in rows):
+            fut.set_result(("failed", "ragged proximal log-probs"))
+            return
+        fut.set_result(("done", np.asarray(rows, dtype=np.float32)))
+
     def on_mb_failed(self, sender: str, m: dict) -> None:
-        fut = self._mb_events.get((m["step"], m["mb"]))
-        if fut is not None and not fut.done() and sender in fut.route:
-            fut.set_result(("failed", m["reason"]))
+        for prox in (False, True):
+            fut = self._mb_events.get((m["step"], m["mb"], prox))
+            if fut is not None and not fut.done() and sender in fut.route:
+                fut.set_result(("failed", m["reason"]))
 
     def on_stepped(self, sender: str, m: dict) -> None:
         if m["step"] == self.version:
             self._stepped[m["step"]][sender] = m
             self._stepped_event.set()
+
+
+def _select(batch, rows: np.ndarray):
+    """The rows ``rows`` of a TrainBatch, trimmed to their longest row."""
+    from engine.rl.batch import TrainBatch
+
+    mask = batch.mask[rows]
+    width = int(np.max(np.nonzero(mask.any(axis=0))[0], initial=0)) + 1
+    return TrainBatch(batch.inputs[rows, :width], batch.targets[rows, :width], mask[:, :width],
+                      batch.behaviour[rows, :width], batch.advantages[rows], batch.staleness[rows])
