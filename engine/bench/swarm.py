@@ -138,7 +138,8 @@ def _in_process_training(base: str, run, versions: int) -> dict[str, float]:
 
     pipe = LocalPipeline.from_checkpoint(base, 2, "torch", "cpu", OptimizerConfig(lr=run.lr))
     config = TrainerConfig(task=run.task, objective=run.objective, sampling=run.sampling,
-                           prompts_per_step=run.prompts_per_step, group_size=run.group_size, lag_versions=1,
+                           prompts_per_step=run.prompts_per_step, group_size=run.group_size,
+                           updates_per_batch=run.updates_per_batch, lag_versions=run.updates_per_batch,
                            max_staleness=run.max_staleness, max_grad_norm=run.max_grad_norm, eval_every_steps=0,
                            seed=run.seed)
     trainer = Trainer(pipe, TaskCodec.from_dir(base), config)

@@ -33,7 +33,8 @@ from engine.self_command import polis_command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
     parser.add_argument("--replicas", type=int, default=2, help="nodes per stage (default 2)")
-    parser.add_argument("--minutes", type=float, default=7.0, help="training time budget (default 7)")
+    parser.add_argument("--minutes", type=float, default=8.0,
+                        help="training time budget in minutes (default 8; the whole demo stays under 10)")
     parser.add_argument("--max-versions", type=int, default=0, help="stop at this policy version (0: time only)")
     parser.add_argument("--backend", default="auto", help="backend of every node (auto, torch, mlx)")
     parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")

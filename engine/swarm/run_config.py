@@ -52,20 +52,20 @@ class RunConfig:
     """
 
     task: TaskConfig = field(default_factory=TaskConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    group_size: int = 8
-    prompts_per_step: int = 8
-    micro_batch_rows: int = 32
-    updates_per_batch: int = 1
+    objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(scale_by_std=True))
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=10))
+    group_size: int = 16
+    prompts_per_step: int = 32
+    micro_batch_rows: int = 128
+    updates_per_batch: int = 2
     max_staleness: int = 4
-    lr: float = 3e-3
+    lr: float = 5e-4
     max_grad_norm: float = 1.0
     activation_encoding: str = "int8_rowwise"
     update_topk_fraction: float = 0.02
-    prompts_per_job: int = 4
+    prompts_per_job: int = 8
     generations_in_flight: int = 3
-    eval_every_versions: int = 5
+    eval_every_versions: int = 20
     checkpoint_every_versions: int = 5
     max_versions: int = 0
     seed: int = 0
