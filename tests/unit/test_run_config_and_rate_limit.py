@@ -32,7 +32,7 @@ def test_token_bucket_holds_senders_to_the_cap():
 
     # 1 MB at 8 Mbit/s = 1 MB/s: about 1 s minus the 0.25 s burst
     elapsed = asyncio.run(send(1_000_000, 10_000, 8.0))
-    assert 0.6 < elapsed < 1.5
+    assert 0.6 < elapsed < 4.0  # generous above: a loaded CI machine oversleeps; the cap is the lower bound
     assert asyncio.run(send(1_000_000, 10_000, None)) < 0.1
     with pytest.raises(ValueError):
         TokenBucket(0)
