@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -29,10 +30,9 @@ from engine.rl.codec import TaskCodec
 from engine.rl.evaluation import evaluate_greedy
 from engine.rl.pipeline import LocalPipeline
 from engine.rl.sft import sft_step
+from engine.rl.recipe import BASE_TASK
 from engine.rl.tasks import ALPHABET, RewardKind, TaskConfig, make_task
 
-#: the task the shipped base is warmed up on (and ``polis bench rl`` and the demo train)
-DEFAULT_TASK = TaskConfig(name="reversal", min_digits=3, max_digits=6, reward=RewardKind.PER_POSITION, eval_size=200)
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,15 @@ class MakeBaseConfig:
       max_new_tokens: greedy decoding budget in evals.
     """
 
-    task: TaskConfig = DEFAULT_TASK
+    task: TaskConfig = BASE_TASK
     shape: BaseModelShape = field(default_factory=BaseModelShape)
     seed: int = 0
     batch_size: int = 64
     lr: float = 3e-3
-    target_exact: float = 0.12
-    eval_every_steps: int = 10
+    target_exact: float = 0.10
+    eval_every_steps: int = 5
     max_steps: int = 3000
-    max_new_tokens: int = 10
+    max_new_tokens: int = 8
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_exact < 1.0:
@@ -183,11 +183,14 @@ def make_base(cfg: MakeBaseConfig, out_dir: str | Path, *, backend: str = "torch
 
 def save_checkpoint(out: Path, config, weights: dict[str, np.ndarray]) -> None:
     """``config.json`` + ``model.safetensors`` in the Hugging Face layout."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(weights.items())},
-              str(out / "model.safetensors"), metadata={"format": "pt"})
+    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(weights.items())},
+                metadata={"format": "pt"})
+    tmp = out / "model.safetensors.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, out / "model.safetensors")
 
 
 def write_made_by(out: Path, cfg: MakeBaseConfig, report: MakeBaseReport, command: str) -> None:
@@ -240,8 +243,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     os.environ.setdefault("POLIS_TORCH_THREADS", str(args.threads))
     cfg = MakeBaseConfig(seed=args.seed, target_exact=args.target_exact, max_steps=args.max_steps)
     print(f"making the base checkpoint in {args.out} (task {cfg.task.name}, seed {cfg.seed})")

@@ -6,7 +6,10 @@ nodes rebuild it with :func:`run_config_from_dict`, which validates every field
 (the dict crossed a network). The RL pieces reuse the in-process configs of
 ``engine.rl`` so the swarm runs the very same objective, sampling and tasks.
 
-It knows nothing about sockets or tensors.
+The defaults are the tested recipe of ``engine.rl.recipe`` (the task the shipped base
+was warmed up on, its optimiser and sampling settings), so the swarm and the
+in-process trainer learn the same thing the same way. It knows nothing about
+sockets or tensors.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from engine.rl.objective import ObjectiveConfig
+from engine.rl.recipe import BASE_TASK, RL_OPTIMIZER
 from engine.rl.rollout import SamplingConfig
 from engine.rl.tasks import TaskConfig
 
@@ -51,15 +55,15 @@ class RunConfig:
       seed: seeds the coordinator's prompt stream and the nodes' samplers.
     """
 
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: TaskConfig = field(default_factory=lambda: BASE_TASK)
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(scale_by_std=True))
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=10))
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=8))
     group_size: int = 16
     prompts_per_step: int = 32
     micro_batch_rows: int = 128
-    updates_per_batch: int = 2
+    updates_per_batch: int = 4
     max_staleness: int = 4
-    lr: float = 5e-4
+    lr: float = RL_OPTIMIZER.lr
     max_grad_norm: float = 1.0
     activation_encoding: str = "int8_rowwise"
     update_topk_fraction: float = 0.02
