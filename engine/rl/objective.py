@@ -37,7 +37,9 @@ class ObjectiveConfig:
       decoupled: True = the decoupled objective above (staleness corrected);
         False = plain PPO against the behaviour policy (the uncorrected baseline).
       kl_coef: weight of the k3 KL penalty to a reference policy (0 disables it).
-      scale_by_std: divide group advantages by the group's reward std.
+      scale_by_std: divide group advantages by the group's reward std (plus ``std_eps``).
+      std_eps: added to the std before dividing; a value near the reward's resolution keeps
+        near-unanimous groups (one miss in G) from dominating the batch.
     """
 
     eps_low: float = 0.2
@@ -48,6 +50,7 @@ class ObjectiveConfig:
     decoupled: bool = True
     kl_coef: float = 0.0
     scale_by_std: bool = False
+    std_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eps_low < 1.0 or self.eps_high < 0.0:
@@ -58,6 +61,8 @@ class ObjectiveConfig:
             raise ValueError(f"need 0 <= mask_low < 1 < mask_high, got [{self.mask_low}, {self.mask_high}]")
         if self.kl_coef < 0.0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if not 0.0 < self.std_eps < 10.0:
+            raise ValueError(f"std_eps must be in (0, 10), got {self.std_eps}")
 
 
 @dataclass(frozen=True)

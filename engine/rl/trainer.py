@@ -210,7 +210,7 @@ class Trainer:
         rewards = np.stack([g.rewards() for g in fresh])
         if cfg.shuffle_rewards:
             rewards = self.shuffle_rng.permutation(rewards.ravel()).reshape(rewards.shape)
-        adv, keep = group_advantages(rewards, scale_by_std=cfg.objective.scale_by_std)
+        adv, keep = group_advantages(rewards, scale_by_std=cfg.objective.scale_by_std, eps=cfg.objective.std_eps)
         out.zero_variance_fraction = float(1.0 - keep.mean())
         kept = [g for g, k in zip(fresh, keep) if k]
         if not kept:
