@@ -46,6 +46,12 @@ class StagePipeline(Protocol):
     def grad_sq_norms(self) -> list[float]:
         """Squared L2 norm of the accumulated gradients, one per stage."""
 
+    def grads(self) -> list[dict[str, np.ndarray]]:
+        """Accumulated gradients of each stage (fp32 numpy, HF names)."""
+
+    def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Replace each stage's accumulated gradients (e.g. after replica aggregation)."""
+
     def zero_grad(self) -> None: ...
 
     def step(self, grad_scale: float = 1.0) -> None:
@@ -133,8 +139,16 @@ class LocalPipeline:
             stage.release(key)
 
     def grad_sq_norms(self) -> list[float]:
-        return [float(sum(np.square(g, dtype=np.float64).sum() for g in stage.grads().values()))
-                for stage in self.backends]
+        return [float(sum(np.square(g, dtype=np.float64).sum() for g in grads.values())) for grads in self.grads()]
+
+    def grads(self) -> list[dict[str, np.ndarray]]:
+        return [stage.grads() for stage in self.backends]
+
+    def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
+        if len(grads) != self.num_stages:
+            raise ValueError("one gradient dict per stage")
+        for stage, g in zip(self.backends, grads):
+            stage.set_grads(g)
 
     def zero_grad(self) -> None:
         for stage in self.backends:

@@ -7,9 +7,12 @@ asynchronous system whose generators run ``k`` versions ahead: the very same wei
 samples came from are gone by the time they are trained on. Groups staler than
 ``max_staleness`` are dropped and counted; zero-variance groups are skipped.
 
-The update: one optimiser step per batch (micro-batched rows, token-level normalisation
-over the batch), the proximal log-prob being the current policy at the start of the update,
-gradient clipping by global norm over all stages.
+The update: the kept groups are split into ``updates_per_batch`` mini-batches, one optimiser
+step each (micro-batched rows, token-level normalisation over the mini-batch, global-norm
+clipping over all stages). The proximal log-probs are those of the weights at the start
+of the batch (with a single update, the keyed forward itself provides them). Each step
+records a ``StepLog``: reward, masked fraction, ESS of the importance weights, staleness
+histogram, dropped and zero-variance counts, an entropy estimate.
 
 What it does not know: transports (it talks to a ``StagePipeline``), tensor libraries.
 """
@@ -24,9 +27,9 @@ import numpy as np
 
 from engine.rl.batch import TrainBatch, build_batch
 from engine.rl.codec import TaskCodec
+from engine.rl.evaluation import evaluate_greedy
 from engine.rl.objective import ObjectiveConfig, compute_objective, group_advantages
 from engine.rl.pipeline import StagePipeline
-from engine.rl.evaluation import evaluate_greedy
 from engine.rl.rollout import Group, SamplingConfig, generate_groups
 from engine.rl.staleness import LaggedQueue, filter_stale, histogram
 from engine.rl.tasks import Task, TaskConfig, make_task
@@ -186,6 +189,9 @@ class Trainer:
         log_.versions = self.pipeline.versions()
         log_.train_s = time.perf_counter() - t1
         self.steps.append(log_)
+        log.debug("step %d v%s reward %.3f masked %.3f ess %.3f stale %s dropped %d zero-var %.2f entropy %.3f",
+                  log_.step, log_.versions, log_.reward_mean, log_.masked_fraction, log_.ess,
+                  log_.staleness_histogram, log_.dropped_stale, log_.zero_variance_fraction, log_.entropy_proxy)
         every = self.config.eval_every_steps
         if every and self.step_count % every == 0:
             self.evaluate()

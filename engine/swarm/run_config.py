@@ -7,7 +7,7 @@ nodes rebuild it with :func:`run_config_from_dict`, which validates every field
 ``engine.rl`` so the swarm runs the very same objective, sampling and tasks.
 
 The defaults are the tested recipe of ``engine.rl.recipe`` (the task the shipped base
-was warmed up on, its optimiser and sampling settings), so the swarm and the
+was warmed up on, its sampling and batch settings), so the swarm and the
 in-process trainer learn the same thing the same way. It knows nothing about
 sockets or tensors.
 """
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from engine.rl.objective import ObjectiveConfig
-from engine.rl.recipe import BASE_TASK, RL_OPTIMIZER
+from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import SamplingConfig
 from engine.rl.tasks import TaskConfig
 
@@ -63,7 +63,7 @@ class RunConfig:
     micro_batch_rows: int = 128
     updates_per_batch: int = 4
     max_staleness: int = 4
-    lr: float = RL_OPTIMIZER.lr
+    lr: float = 3e-4  # measured in the swarm demo (12.5% -> 100% in 483 s); the in-process recipe uses 2.5e-4
     max_grad_norm: float = 1.0
     activation_encoding: str = "int8_rowwise"
     update_topk_fraction: float = 0.02

@@ -1,7 +1,5 @@
 """RL through real torch stages: a tiny task's reward rises within a bounded number of steps."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -107,3 +105,40 @@ def test_shuffled_rewards_carry_no_signal(tiny_base):
         trainer.step()
     assert trainer.evaluate().exact_match <= start.exact_match + 0.05
     trainer.pipeline.close()
+
+
+def test_kl_to_a_frozen_reference_starts_at_zero_and_grows(tiny_base):
+    from engine.rl.objective import ObjectiveConfig
+
+    base_dir, _ = tiny_base
+    reference = LocalPipeline.from_checkpoint(base_dir, 1, "torch", "cpu")
+    pipeline = LocalPipeline.from_checkpoint(base_dir, 1, "torch", "cpu", RL_OPTIMIZER)
+    config = trainer_config(task=TINY_TASK, prompts_per_step=8, group_size=16, eval_every_steps=0,
+                            updates_per_batch=1, objective=ObjectiveConfig(scale_by_std=True, kl_coef=0.05))
+    trainer = Trainer(pipeline, TaskCodec.from_dir(base_dir), config, reference=reference)
+    logs = [trainer.step() for _ in range(3)]
+    assert logs[0].kl < 1e-9 < logs[2].kl  # identical weights at first, then the policy moves away
+    with pytest.raises(ValueError, match="reference"):
+        Trainer(pipeline, TaskCodec.from_dir(base_dir), config)
+    pipeline.close()
+    reference.close()
+
+
+def test_pipeline_gradients_can_be_read_replaced_and_stepped(tiny_base):
+    base_dir, _ = tiny_base
+    pipeline = LocalPipeline.from_checkpoint(base_dir, 2, "torch", "cpu", RL_OPTIMIZER)
+    codec = TaskCodec.from_dir(base_dir)
+    ids = np.array([codec.encode_prompt("rev:123=") + codec.encode("321") + [codec.eos_id]])
+    logp = pipeline.token_logprobs(ids[:, :-1], ids[:, 1:], key="k")
+    pipeline.backward("k", np.full_like(logp, -1.0 / logp.size))
+    grads = pipeline.grads()
+    norms = pipeline.grad_sq_norms()
+    assert len(grads) == 2 and all(n > 0 for n in norms)
+    pipeline.set_grads([{k: 2 * v for k, v in g.items()} for g in grads])
+    assert pipeline.grad_sq_norms() == pytest.approx([4 * n for n in norms], rel=1e-5)
+    before = pipeline.state_dicts()
+    pipeline.step()
+    assert pipeline.versions() == (1, 1) and pipeline.grad_sq_norms() == [0.0, 0.0]
+    after = pipeline.state_dicts()
+    assert any(not np.array_equal(before[0][k], after[0][k]) for k in before[0])
+    pipeline.close()

@@ -41,6 +41,8 @@ class Example:
 class TaskConfig:
     """Which task and how hard. Validated on construction.
 
+    The defaults are the task of the shipped base checkpoint (``engine.rl.recipe``).
+
     Fields:
       name: registry name (``reversal``, ``sorting``, ``addition``).
       min_digits / max_digits: inclusive range of the digit-string length (reversal,
@@ -50,10 +52,10 @@ class TaskConfig:
     """
 
     name: str = "reversal"
-    min_digits: int = 3
-    max_digits: int = 6
+    min_digits: int = 4
+    max_digits: int = 4
     reward: RewardKind = RewardKind.PER_POSITION
-    eval_size: int = 200
+    eval_size: int = 400
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward", RewardKind(self.reward))
