@@ -21,6 +21,9 @@ Conventions every backend follows:
 * Parameter names are the Hugging Face checkpoint names
   (``model.layers.3.self_attn.q_proj.weight``), so weights, gradients and deltas
   mean the same thing on every backend and on the wire.
+* The AdamW state (``optimizer_state`` / ``load_optimizer_state``) uses one format,
+  keyed by those names (``backends.optimizer_state``), so a run saved on one backend
+  resumes on another.
 * ``forward`` with ``cache_id`` appends to a per-sequence KV cache owned by the
   backend; positions continue from the cache length. All rows of one cache have
   the same length (a cache holds one group of samples of one prompt), so no
@@ -174,6 +177,17 @@ class StageBackend(Protocol):
 
     def step(self, grad_scale: float = 1.0) -> None:
         """Multiply gradients by ``grad_scale`` (global-norm clipping), AdamW step, zero grads."""
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The AdamW state (moments and step counts, HF names), in the format of
+        ``backends.optimizer_state``, which every backend shares."""
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the AdamW state with one exported by ``optimizer_state`` (any backend).
+
+        Validated whole before anything is applied: unknown or missing keys, wrong shapes,
+        non-finite values raise ``BackendError`` and leave the stage unchanged.
+        """
 
     def close(self) -> None:
         """Free device memory. The backend is unusable afterwards."""

@@ -3,9 +3,12 @@
 It owns one stage's parameters (HF names, fp32), its per-sequence KV caches, the
 inputs kept for pending training keys, accumulated gradients and an AdamW
 optimiser (``mlx.optimizers.AdamW`` with bias correction, the same update as
-``torch.optim.AdamW``). MLX builds no stored autograd graph, so a keyed forward
-keeps its inputs and a reference to the parameter arrays it used; ``backward``
-recomputes the stage under ``mx.vjp`` against exactly those arrays.
+``torch.optim.AdamW``). Its state exports and loads in the shared
+``backends.optimizer_state`` format; MLX keeps one step count for the whole stage
+(not one per parameter), so every exported ``.step`` is that count and a loaded
+state must give all parameters the same step. MLX builds no stored autograd graph,
+so a keyed forward keeps its inputs and a reference to the parameter arrays it
+used; ``backward`` recomputes the stage under ``mx.vjp`` against exactly those arrays.
 
 Threading: the backend runs on the MLX stream of the thread that constructs it
 and refuses calls from any other thread (MLX streams belong to their thread).
@@ -33,6 +36,7 @@ import numpy as np
 from backends.base import (BackendError, BackendUnavailable, ModelConfigLike, OptimizerConfig,
                            StageSpec, to_boundary)
 from backends.mlx_decoder import LayerKV, StageDims, gather_logprobs, stage_forward
+from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.stage_layout import StageLayout, check_shapes, plan_stage
 
 log = logging.getLogger(__name__)
@@ -322,6 +326,27 @@ class MLXStage:
             self._params.update(self._optimizer.apply_gradients(scaled, self._params))
             mx.eval(self._params, self._optimizer.state)
             self._grads = {}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """AdamW state in the ``backends.optimizer_state`` format; every ``.step`` is the stage's step count."""
+        with self._on_stream():
+            state = self._optimizer.state
+            step = int(state["step"].item())
+            return pack({n: AdamWMoments(to_boundary(np.array(state[n]["m"])), to_boundary(np.array(state[n]["v"])),
+                                         step) for n in self._params})
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the AdamW state with ``state`` (validated whole first: on error nothing changes)."""
+        with self._on_stream():
+            moments = unpack(state, {n: tuple(p.shape) for n, p in self._params.items()})
+            steps = {m.step for m in moments.values()}
+            if len(steps) > 1:
+                raise BackendError(f"optimizer state: MLX keeps one step count per stage, got steps {sorted(steps)}")
+            opt_state = self._optimizer.state
+            for name, m in moments.items():
+                opt_state[name] = {"m": mx.array(m.exp_avg), "v": mx.array(m.exp_avg_sq)}
+            opt_state["step"] = mx.array(steps.pop() if steps else 0, mx.uint64)
+            mx.eval(opt_state)
 
     def close(self) -> None:
         if self._closed:

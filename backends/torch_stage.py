@@ -7,9 +7,11 @@ intra-op threads for this process; otherwise torch's default is left alone.
 
 What it keeps: the stage's parameters (``backends.torch_model.StageModule``,
 HF names), one KV cache per ``cache_id``, one autograd graph per training
-``key`` (the input leaf and the output), accumulated gradients and an
-``torch.optim.AdamW``. ``load`` copies the given arrays, so callers may pass a
-lazy mapping and keep peak memory at the stage's size plus one tensor.
+``key`` (the input leaf and the output), accumulated gradients and a
+``torch.optim.AdamW`` (its moments and per-parameter step counts export and load
+in the shared ``backends.optimizer_state`` format). ``load`` copies the given
+arrays, so callers may pass a lazy mapping and keep peak memory at the stage's
+size plus one tensor.
 
 Conventions shared with the MLX backend: both validate weights with
 ``backends.stage_layout``; ``set_grads`` replaces the named gradients only;
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from backends.base import BackendError, BackendUnavailable, OptimizerConfig, StageSpec, to_boundary
+from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.registry import TORCH_THREADS_ENV
 from backends.stage_layout import StageLayout, check_shapes, plan_stage
 from backends.torch_model import KVCache, StageModule
@@ -241,6 +244,29 @@ class TorchStage:
                     p.grad.mul_(grad_scale)
         self._optimizer.step()
         self.zero_grad()
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """AdamW state in the ``backends.optimizer_state`` format (never-stepped parameters: zeros, step 0)."""
+        self._check_loaded()
+        moments = {}
+        for name, p in self._params.items():
+            s = self._optimizer.state.get(p)
+            if not s:
+                zeros = np.zeros(tuple(p.shape), np.float32)
+                moments[name] = AdamWMoments(zeros, zeros, 0)
+            else:
+                moments[name] = AdamWMoments(_to_numpy(s["exp_avg"]), _to_numpy(s["exp_avg_sq"]), int(s["step"]))
+        return pack(moments)
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the AdamW state with ``state`` (validated whole first: on error nothing changes)."""
+        self._check_loaded()
+        moments = unpack(state, {n: tuple(p.shape) for n, p in self._params.items()})
+        saved = self._optimizer.state_dict()  # param_groups index parameters in the order given to AdamW
+        saved["state"] = {i: {"step": torch.tensor(float(m.step)), "exp_avg": torch.from_numpy(m.exp_avg),
+                              "exp_avg_sq": torch.from_numpy(m.exp_avg_sq)}
+                          for i, m in enumerate(moments[n] for n in self._params)}
+        self._optimizer.load_state_dict(saved)  # casts the moments to each parameter's device and dtype
 
     def close(self) -> None:
         self._caches.clear()

@@ -4,12 +4,21 @@ Layout of ``run_dir``::
 
     state.json                  step, per-stage versions, RNG states, config, queued rollouts, logs
     stage{i}.safetensors        weights of stage i (HF names, fp32)
-    stage{i}.optimizer.safetensors   optimiser state of stage i, when its backend can export it
+    stage{i}.optimizer.safetensors   AdamW state of stage i (``backends.optimizer_state`` format)
 
-Backends may offer ``optimizer_state() -> dict[str, ndarray]`` and
-``load_optimizer_state(dict)``; where they do not, a resumed run restarts the optimiser
-moments (everything else resumes exactly) and ``state.json`` says so. Files are written to
-a temporary name and renamed, so a crash never leaves a half-written state behind.
+For a ``LocalPipeline`` every stage's optimiser state is saved and restored through
+``StageBackend.optimizer_state`` / ``load_optimizer_state``, so a resumed run continues
+exactly (same weights, moments, step counts, RNG streams and queue); the format is shared
+by the backends, so a run saved on torch may resume on MLX and back. ``state.json`` lists
+the stages saved with their optimiser state (``optimizer_state_saved_for_stages``): a stage
+missing from it (a state written before backends exported it, or a pipeline without local
+backends) resumes with fresh AdamW moments, and ``restore_run`` logs a warning saying so.
+
+Files are written to a temporary name and renamed, so a crash never leaves a half-written
+file behind. ``restore_run`` reads every file before changing the trainer, and loads the
+optimiser states (validated by each backend) before the weights; an error raises
+``RunStateError``. A restore that fails part-way (a later stage's optimiser state refused)
+can leave earlier stages restored: discard that trainer.
 
 What it does not know: how the weights are used, transports.
 """
@@ -17,6 +26,7 @@ What it does not know: how the weights are used, transports.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -24,10 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backends.base import BackendError
 from engine.rl.rollout import Group, Sample
 
 if TYPE_CHECKING:
     from engine.rl.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
@@ -85,11 +98,9 @@ def save_run(run_dir: str | Path, trainer: "Trainer") -> Path:
     for i, weights in enumerate(pipeline.state_dicts()):
         _save_tensors(run_dir / f"stage{i}.safetensors", weights)
     optimizer_saved = []
-    for i, backend in enumerate(getattr(pipeline, "backends", [])):
-        export = getattr(backend, "optimizer_state", None)
-        if callable(export):
-            _save_tensors(run_dir / f"stage{i}.optimizer.safetensors", export())
-            optimizer_saved.append(i)
+    for i, backend in enumerate(getattr(pipeline, "backends", [])):  # remote pipelines hold no backends here
+        _save_tensors(run_dir / f"stage{i}.optimizer.safetensors", backend.optimizer_state())
+        optimizer_saved.append(i)
     state = {
         "format": FORMAT_VERSION,
         "config": trainer.config.to_dict(),
@@ -133,13 +144,12 @@ def restore_run(run_dir: str | Path, trainer: "Trainer") -> None:
     if len(state["versions"]) != pipeline.num_stages:
         raise RunStateError(f"{run_dir}: saved with {len(state['versions'])} stages, "
                             f"this pipeline has {pipeline.num_stages}")
+    weights = [_load_tensors(run_dir / f"stage{i}.safetensors") for i in range(pipeline.num_stages)]
+    optimizer = _read_optimizer_states(run_dir, state, pipeline)
     try:
-        pipeline.set_weights([_load_tensors(run_dir / f"stage{i}.safetensors") for i in range(pipeline.num_stages)])
-        for i in state.get("optimizer_state_saved_for_stages", []):
-            backend = pipeline.backends[i]
-            loader = getattr(backend, "load_optimizer_state", None)
-            if callable(loader):
-                loader(_load_tensors(run_dir / f"stage{i}.optimizer.safetensors"))
+        for i, tensors in optimizer.items():
+            pipeline.backends[i].load_optimizer_state(tensors)
+        pipeline.set_weights(weights)
         pipeline.set_versions(state["versions"])
         trainer.step_count = int(state["step"])
         trainer.prompt_rng.bit_generator.state = state["rng"]["prompt"]
@@ -152,5 +162,25 @@ def restore_run(run_dir: str | Path, trainer: "Trainer") -> None:
                                     "staleness_histogram": {int(k): v for k, v in s["staleness_histogram"].items()}})
                          for s in state["steps"]]
         trainer.evals = [EvalLog(**{**e, "versions": tuple(e["versions"])}) for e in state["evals"]]
+    except BackendError as exc:
+        raise RunStateError(f"{run_dir}: saved state refused by the backend ({exc})") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise RunStateError(f"{run_dir}: corrupt run state ({exc})") from None
+    log.info("restored %s at step %d (optimiser state for stages %s)", run_dir, trainer.step_count,
+             sorted(optimizer) or "none")
+
+
+def _read_optimizer_states(run_dir: Path, state: dict[str, Any], pipeline: Any) -> dict[int, dict[str, np.ndarray]]:
+    """The saved optimiser state of each stage that has one and a local backend to take it."""
+    saved = state.get("optimizer_state_saved_for_stages", [])
+    if not isinstance(saved, list) or not all(isinstance(i, int) and 0 <= i < pipeline.num_stages for i in saved):
+        raise RunStateError(f"{run_dir}: corrupt run state (optimizer_state_saved_for_stages = {saved!r})")
+    backends = getattr(pipeline, "backends", None)
+    if backends is None:
+        if saved:
+            log.warning("%s: this pipeline has no local backends; AdamW moments restart", run_dir)
+        return {}
+    restart = [i for i in range(pipeline.num_stages) if i not in saved]
+    if restart:
+        log.warning("%s: no optimiser state saved for stages %s; their AdamW moments restart", run_dir, restart)
+    return {i: _load_tensors(run_dir / f"stage{i}.optimizer.safetensors") for i in saved}

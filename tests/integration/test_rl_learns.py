@@ -1,5 +1,8 @@
 """RL through real torch stages: a tiny task's reward rises within a bounded number of steps."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -88,12 +91,51 @@ def test_learning_state_resumes_from_a_run_directory(tiny_base, tmp_path):
     assert len(second.queue) == len(first.queue) == 1
     assert [g.prompt for g in second.queue.pending()[0]] == [g.prompt for g in first.queue.pending()[0]]
     assert [s.step for s in second.steps] == [1, 2, 3]
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["optimizer_state_saved_for_stages"] == [0, 1]
+    for _ in range(2):  # 3 + 2 steps uninterrupted == 3 steps, save, restore, 2 steps: moments included
+        first.step()
+        second.step()
+    for a, b in zip(first.pipeline.state_dicts(), second.pipeline.state_dicts()):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for a, b in zip(first.pipeline.backends, second.pipeline.backends):
+        sa, sb = a.optimizer_state(), b.optimizer_state()
+        assert sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa)
     other = _trainer(base_dir, stages=2, lag_versions=0)
     with pytest.raises(RunStateError, match="different trainer configuration"):
         other.restore(tmp_path / "run")
     with pytest.raises(RunStateError, match="missing"):
         other.restore(tmp_path / "nothing")
     for t in (first, second, other):
+        t.pipeline.close()
+
+
+def test_old_run_states_resume_with_fresh_moments_and_corrupt_optimizer_files_are_refused(tiny_base, tmp_path, caplog):
+    base_dir, _ = tiny_base
+    first = _trainer(base_dir, stages=2, lag_versions=4)
+    first.step()
+    first.save(tmp_path / "run")
+    old = tmp_path / "old"  # as written before backends exported their optimiser state
+    shutil.copytree(tmp_path / "run", old)
+    state = json.loads((old / "state.json").read_text())
+    del state["optimizer_state_saved_for_stages"]
+    (old / "state.json").write_text(json.dumps(state))
+    for i in range(2):
+        (old / f"stage{i}.optimizer.safetensors").unlink()
+    second = _trainer(base_dir, stages=2, lag_versions=4)
+    with caplog.at_level("WARNING", logger="engine.rl.run_state"):
+        second.restore(old)
+    assert "moments restart" in caplog.text and second.step_count == 1
+    (tmp_path / "run" / "stage1.optimizer.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(RunStateError, match="stage1.optimizer.safetensors: unreadable"):
+        _trainer(base_dir, stages=2, lag_versions=4).restore(tmp_path / "run")
+    from safetensors.numpy import save_file
+
+    save_file({"model.norm.weight.exp_avg": np.zeros(3, np.float32)},
+              str(tmp_path / "run" / "stage1.optimizer.safetensors"))
+    third = _trainer(base_dir, stages=2, lag_versions=4)
+    with pytest.raises(RunStateError, match="refused by the backend.*missing"):
+        third.restore(tmp_path / "run")
+    for t in (first, second, third):
         t.pipeline.close()
 
 
