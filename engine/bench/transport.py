@@ -2,7 +2,8 @@
 
 Everything is measured here and now, on loopback: raw aiortc data-channel
 throughput (one process, no framing) against Polis framed tensor goodput
-between two processes; small-message round trips; each codec's compression
+between two processes (and framed links in one process, which isolates the cost
+of framing), on warmed-up links in alternating rounds; small-message round trips; each codec's compression
 ratio and error on realistic activation and update tensors, and the
 fp32-equivalent throughput it buys (measured goodput x measured ratio); and a
 tensor sent across the user-space WAN emulator at 50 ms delay, 20 Mbit/s, 1 %
@@ -51,9 +52,12 @@ def _table(result: dict[str, Any]) -> str:
 
     wan = result["wan"]
     return "\n".join([
-        f"raw aiortc data channel (1 process)   {result['raw_aiortc_mb_s']:8.2f} MB/s",
+        f"raw aiortc data channel (1 process)    {result['raw_aiortc_mb_s']:8.2f} MB/s",
+        f"Polis framed links (1 process)         {result['framed_in_process_mb_s']:8.2f} MB/s "
+        f"({result['in_process_ratio']:.2f}x raw)",
         f"Polis framed goodput (2 processes)     {result['framed_goodput_mb_s']:8.2f} MB/s "
-        f"({result['goodput_ratio']:.2f}x raw)",
+        f"({result['goodput_ratio']:.2f}x raw; rounds "
+        + ", ".join(f"{r:.2f}x" for r in result["rounds"]["goodput_ratio"]) + ")",
         f"small-message round trip               p50 {result['rtt_ms']:.2f} ms, p90 {result['rtt_p90_ms']:.2f} ms",
         "", format_codec_table(result["codecs"]), "",
         f"emulated WAN ({wan['profile']}): {'intact' if wan['intact'] else 'CORRUPTED'}, "

@@ -1,7 +1,8 @@
 """Transport measurements on loopback, as reusable async functions (``polis bench transport``).
 
-* :func:`raw_channel_throughput` - bare aiortc data channel, one process, no framing,
-  the same ``bufferedAmount`` backpressure a link uses: the ceiling to compare with.
+* :class:`RawChannelPair` / :func:`raw_channel_throughput` - bare aiortc data channel,
+  one process, no framing, the same ``bufferedAmount`` backpressure a link uses: the
+  ceiling to compare with.
 * :func:`framed_throughput_in_process` - PeerLink framing over the same setup
   (isolates framing cost from process effects).
 * :func:`framed_goodput_two_processes` - a float32 tensor (encoded with the project
@@ -46,78 +47,108 @@ async def link_pair(config: LinkConfig | None = None) -> tuple[PeerLink, PeerLin
     return a, b
 
 
-async def raw_channel_throughput(total_bytes: int = 16 * 1024 * 1024, message_bytes: int = 255 * 1024, *,
-                                 high_water_bytes: int = LinkConfig.high_water_bytes,
-                                 low_water_bytes: int = LinkConfig.low_water_bytes,
-                                 socket_buffer_bytes: int = LinkConfig.socket_buffer_bytes) -> dict[str, Any]:
-    """Bare aiortc: one negotiated channel between two connections in this process, with the
-    same backpressure thresholds and socket buffers a link uses (so only framing differs)."""
-    from aiortc import RTCPeerConnection
+class RawChannelPair:
+    """Bare aiortc: one negotiated channel between two connections in this process, with
+    the same backpressure thresholds and socket buffers a link uses (so only framing
+    differs). Async context manager; :meth:`transfer` may be called repeatedly, so a
+    measurement can run on a warmed-up association like a long-lived link does."""
 
-    pc_a, pc_b = RTCPeerConnection(), RTCPeerConnection()
-    ch_a = pc_a.createDataChannel("raw", negotiated=True, id=0)
-    ch_b = pc_b.createDataChannel("raw", negotiated=True, id=0)
-    loop = asyncio.get_running_loop()
-    opened = [loop.create_future(), loop.create_future()]
-    ch_a.on("open", lambda: opened[0].done() or opened[0].set_result(None))
-    ch_b.on("open", lambda: opened[1].done() or opened[1].set_result(None))
-    done = loop.create_future()
-    received = 0
+    def __init__(self, *, high_water_bytes: int = LinkConfig.high_water_bytes,
+                 low_water_bytes: int = LinkConfig.low_water_bytes,
+                 socket_buffer_bytes: int = LinkConfig.socket_buffer_bytes) -> None:
+        self.high_water_bytes = high_water_bytes
+        self.low_water_bytes = low_water_bytes
+        self.socket_buffer_bytes = socket_buffer_bytes
+        self._received = 0
+        self._target = 0
+        self._done: asyncio.Future | None = None
+        self._drained: asyncio.Future | None = None
 
-    def on_message(data: bytes) -> None:
-        nonlocal received
-        received += len(data)
-        if received >= total_bytes and not done.done():
-            done.set_result(time.perf_counter())
+    async def __aenter__(self) -> "RawChannelPair":
+        from aiortc import RTCPeerConnection
 
-    ch_b.on("message", on_message)
-    drained: list[asyncio.Future | None] = [None]
+        loop = asyncio.get_running_loop()
+        self.pc_a, self.pc_b = RTCPeerConnection(), RTCPeerConnection()
+        self.ch_a = self.pc_a.createDataChannel("raw", negotiated=True, id=0)
+        ch_b = self.pc_b.createDataChannel("raw", negotiated=True, id=0)
+        opened = [loop.create_future(), loop.create_future()]
+        self.ch_a.on("open", lambda: opened[0].done() or opened[0].set_result(None))
+        ch_b.on("open", lambda: opened[1].done() or opened[1].set_result(None))
+        ch_b.on("message", self._on_message)
+        self.ch_a.bufferedAmountLowThreshold = self.low_water_bytes
+        self.ch_a.on("bufferedamountlow", self._on_low)
+        try:
+            await _negotiate(self.pc_a, self.pc_b)
+            enlarge_socket_buffers(self.pc_a, self.socket_buffer_bytes)
+            enlarge_socket_buffers(self.pc_b, self.socket_buffer_bytes)
+            await asyncio.wait_for(asyncio.gather(*opened), 30.0)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
 
-    def on_low() -> None:
-        if drained[0] is not None and not drained[0].done():
-            drained[0].set_result(None)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.pc_a.close()
+        await self.pc_b.close()
 
-    ch_a.bufferedAmountLowThreshold = low_water_bytes
-    ch_a.on("bufferedamountlow", on_low)
-    try:
-        await _negotiate(pc_a, pc_b)
-        enlarge_socket_buffers(pc_a, socket_buffer_bytes)
-        enlarge_socket_buffers(pc_b, socket_buffer_bytes)
-        await asyncio.wait_for(asyncio.gather(*opened), 30.0)
+    def _on_message(self, data: bytes) -> None:
+        self._received += len(data)
+        if self._done is not None and self._received >= self._target and not self._done.done():
+            self._done.set_result(time.perf_counter())
+
+    def _on_low(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def transfer(self, total_bytes: int, message_bytes: int = 255 * 1024) -> dict[str, Any]:
+        """Send ``total_bytes`` in messages of ``message_bytes``; time until all arrived."""
+        loop = asyncio.get_running_loop()
+        self._received, self._target, self._done = 0, total_bytes, loop.create_future()
         block = os.urandom(message_bytes)
         start = time.perf_counter()
         sent = 0
         while sent < total_bytes:
-            if ch_a.bufferedAmount > high_water_bytes:
-                drained[0] = loop.create_future()
-                await drained[0]
-            ch_a.send(block)
+            if self.ch_a.bufferedAmount > self.high_water_bytes:
+                self._drained = loop.create_future()
+                await self._drained
+            self.ch_a.send(block)
             sent += message_bytes
-        end = await asyncio.wait_for(done, 600.0)
-    finally:
-        await pc_a.close()
-        await pc_b.close()
-    seconds = end - start
-    return {"mb_s": received / seconds / MB, "seconds": seconds, "bytes": received, "message_bytes": message_bytes}
+        end = await asyncio.wait_for(self._done, 600.0)
+        seconds = end - start
+        return {"mb_s": self._received / seconds / MB, "seconds": seconds, "bytes": self._received,
+                "message_bytes": message_bytes}
+
+
+async def raw_channel_throughput(total_bytes: int = 16 * 1024 * 1024, message_bytes: int = 255 * 1024, *,
+                                 high_water_bytes: int = LinkConfig.high_water_bytes,
+                                 low_water_bytes: int = LinkConfig.low_water_bytes,
+                                 socket_buffer_bytes: int = LinkConfig.socket_buffer_bytes) -> dict[str, Any]:
+    """One transfer over a fresh :class:`RawChannelPair` (cold association)."""
+    async with RawChannelPair(high_water_bytes=high_water_bytes, low_water_bytes=low_water_bytes,
+                              socket_buffer_bytes=socket_buffer_bytes) as pair:
+        return await pair.transfer(total_bytes, message_bytes)
+
+
+async def _framed_transfer(a: PeerLink, b: PeerLink, total_bytes: int) -> dict[str, Any]:
+    payload = os.urandom(total_bytes)
+    start = time.perf_counter()
+    receiver = asyncio.ensure_future(b.recv())
+    await a.send({"type": "blob"}, payload, channel="bulk")
+    _, got = await asyncio.wait_for(receiver, 600.0)
+    seconds = time.perf_counter() - start
+    return {"mb_s": total_bytes / seconds / MB, "seconds": seconds, "bytes": total_bytes,
+            "frame_bytes": a.frame_bytes, "intact": got == payload}
 
 
 async def framed_throughput_in_process(total_bytes: int = 16 * 1024 * 1024,
                                        config: LinkConfig | None = None) -> dict[str, Any]:
-    """One message of ``total_bytes`` through two PeerLinks in this process."""
+    """One message of ``total_bytes`` through two fresh PeerLinks in this process."""
     a, b = await link_pair(config)
     try:
-        payload = os.urandom(total_bytes)
-        start = time.perf_counter()
-        receiver = asyncio.ensure_future(b.recv())
-        await a.send({"type": "blob"}, payload, channel="bulk")
-        _, got = await asyncio.wait_for(receiver, 600.0)
-        seconds = time.perf_counter() - start
-        intact = got == payload
+        return await _framed_transfer(a, b, total_bytes)
     finally:
         await a.close()
         await b.close()
-    return {"mb_s": total_bytes / seconds / MB, "seconds": seconds, "bytes": total_bytes,
-            "frame_bytes": a.frame_bytes, "intact": intact}
 
 
 class LoopbackSession:
@@ -148,7 +179,8 @@ async def framed_goodput_two_processes(elements: int = 4 * 1024 * 1024, *, encod
                                        repeats: int = 1, link_config: LinkConfig | None = None,
                                        session: LoopbackSession | None = None,
                                        child: Any = None) -> dict[str, Any]:
-    """Tensor goodput (payload bytes / second until acknowledged) to a child process."""
+    """Tensor goodput (payload bytes / second until acknowledged) to a child process;
+    ``mb_s`` from the median of ``repeats`` transfers on one link."""
     from engine.net.loopback_peer import PeerProcess, encode_for_wire, make_tensor
 
     async def run(sess: LoopbackSession, proc: PeerProcess) -> dict[str, Any]:
@@ -165,9 +197,10 @@ async def framed_goodput_two_processes(elements: int = 4 * 1024 * 1024, *, encod
             reply, _ = await asyncio.wait_for(link.recv(), 600.0)
             times.append(time.perf_counter() - start)
             intact = intact and reply.get("type") == "tensor_ack" and reply.get("sha256") == sha
-        best = min(times)
-        return {"mb_s": len(payload) / best / MB, "seconds": best, "bytes": len(payload),
-                "fp32_equivalent_mb_s": elements * 4 / best / MB, "encoding": encoding,
+        median = statistics.median(times)
+        return {"mb_s": len(payload) / median / MB, "seconds": median, "bytes": len(payload),
+                "best_mb_s": len(payload) / min(times) / MB, "runs_mb_s": [len(payload) / t / MB for t in times],
+                "fp32_equivalent_mb_s": elements * 4 / median / MB, "encoding": encoding,
                 "frame_bytes": link.frame_bytes, "intact": intact}
 
     if session is not None and child is not None:
@@ -204,20 +237,49 @@ async def rtt_two_processes(count: int = 200, payload_bytes: int = 64, *,
 
 
 async def transport_summary(total_mb: float = 16.0, frame_bytes: int = 255 * 1024,
-                            rtt_count: int = 200) -> dict[str, Any]:
-    """Raw vs framed throughput, two-process goodput and RTT, measured back to back."""
+                            rtt_count: int = 200, rounds: int = 3) -> dict[str, Any]:
+    """Raw vs framed throughput, two-process goodput and RTT, measured back to back.
+
+    Raw aiortc and framed links in one process, and framed goodput to a second process,
+    are measured on long-lived, warmed-up associations (one untimed transfer each first,
+    as a link in a swarm is), in ``rounds`` alternating rounds so that load from elsewhere
+    on the machine hits all three alike; ratios are of the medians, and every round is
+    reported. One process runs both ends of its association on one core; two processes
+    can use two.
+    """
     from engine.net.loopback_peer import PeerProcess
 
+    if rounds < 1:
+        raise ValueError("transport_summary needs rounds >= 1")
     total = int(total_mb * 1024 * 1024)
+    message_bytes = min(frame_bytes, 256 * 1024)
     config = LinkConfig(frame_bytes=frame_bytes)
-    raw = await raw_channel_throughput(total, min(frame_bytes, 256 * 1024))
-    in_process = await framed_throughput_in_process(total, config)
-    async with LoopbackSession(config) as sess:
-        async with PeerProcess(sess.server.url) as proc:
-            goodput = await framed_goodput_two_processes(total // 4, session=sess, child=proc)
-            rtt = await rtt_two_processes(rtt_count, session=sess, child=proc)
-    return {"raw_aiortc_mb_s": raw["mb_s"], "framed_in_process_mb_s": in_process["mb_s"],
-            "framed_goodput_mb_s": goodput["mb_s"], "goodput_ratio": goodput["mb_s"] / raw["mb_s"],
-            "in_process_ratio": in_process["mb_s"] / raw["mb_s"], "rtt_ms": rtt["p50_ms"],
-            "rtt_p90_ms": rtt["p90_ms"], "intact": bool(in_process["intact"] and goodput["intact"]),
-            "frame_bytes": goodput["frame_bytes"]}
+    runs: dict[str, list[float]] = {"raw_aiortc_mb_s": [], "framed_in_process_mb_s": [], "framed_goodput_mb_s": []}
+    intact = True
+    a, b = await link_pair(config)
+    try:
+        async with RawChannelPair() as raw_pair, LoopbackSession(config) as sess:
+            async with PeerProcess(sess.server.url) as proc:
+                await raw_pair.transfer(total // 4, message_bytes)
+                intact = (await _framed_transfer(a, b, total // 4))["intact"]
+                warm = await framed_goodput_two_processes(total // 16, session=sess, child=proc)
+                intact = intact and warm["intact"]
+                for _ in range(rounds):
+                    runs["raw_aiortc_mb_s"].append((await raw_pair.transfer(total, message_bytes))["mb_s"])
+                    local = await _framed_transfer(a, b, total)
+                    runs["framed_in_process_mb_s"].append(local["mb_s"])
+                    goodput = await framed_goodput_two_processes(total // 4, session=sess, child=proc)
+                    runs["framed_goodput_mb_s"].append(goodput["mb_s"])
+                    intact = intact and local["intact"] and goodput["intact"]
+                rtt = await rtt_two_processes(rtt_count, session=sess, child=proc)
+    finally:
+        await a.close()
+        await b.close()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    raw = med["raw_aiortc_mb_s"]
+    return {"raw_aiortc_mb_s": raw, "framed_in_process_mb_s": med["framed_in_process_mb_s"],
+            "framed_goodput_mb_s": med["framed_goodput_mb_s"], "goodput_ratio": med["framed_goodput_mb_s"] / raw,
+            "in_process_ratio": med["framed_in_process_mb_s"] / raw, "rtt_ms": rtt["p50_ms"],
+            "rtt_p90_ms": rtt["p90_ms"], "intact": intact, "frame_bytes": goodput["frame_bytes"],
+            "rounds": {**runs, "goodput_ratio": [f / r for f, r in zip(runs["framed_goodput_mb_s"],
+                                                                       runs["raw_aiortc_mb_s"])]}}
