@@ -8,7 +8,8 @@ number of steps:
 * ``stale4_corrected`` — rollouts 4 versions old, decoupled objective (IS weight, band mask);
 * ``stale4_uncorrected`` — rollouts 4 versions old, plain PPO against the behaviour policy;
 * ``stale8_corrected`` — rollouts 8 versions old (staleness bound raised to 8);
-* ``shuffled_reward`` — negative control: rewards permuted across the batch (must not learn).
+* ``shuffled_reward`` — negative control: rewards permuted across the batch (must not learn);
+  at most ``CONTROL_STEPS`` steps.
 
 Every run evaluates greedy exact match on the task's held-out split every few steps. The
 target is the base's exact match + 0.30; ``steps_to_target`` / ``seconds_to_target`` are
@@ -38,6 +39,9 @@ from pathlib import Path
 TARGET_RISE = 0.30
 #: steps per run: full (runs end on the plateau) and --quick (runs end mid-rise, past the target)
 FULL_STEPS, QUICK_STEPS = 150, 90
+#: most steps of the shuffled-reward control: it is the slowest run (its completions grow to
+#: the length cap and no group has zero variance) and is flat long before this
+CONTROL_STEPS = 100
 
 #: run name -> trainer-config overrides on top of the recipe
 RUNS: dict[str, dict] = {
@@ -61,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=1, help="pipeline stages in each run (default 1)")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of: " + ", ".join(RUNS))
     parser.add_argument("--checkpoint", type=Path, default=None, help="base checkpoint (default: the shipped one)")
+
+
+def steps_of(name: str, steps: int) -> int:
+    """Steps of one run: ``steps``, but at most CONTROL_STEPS for the shuffled-reward control."""
+    return min(steps, CONTROL_STEPS) if RUNS[name].get("shuffle_rewards") else steps
 
 
 def run_one(checkpoint: str, name: str, seed: int, steps: int, eval_every: int, stages: int) -> dict:
@@ -218,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results: dict[tuple[str, int], dict] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_one, str(checkpoint), name, seed, steps, args.eval_every, args.stages): (name, seed)
+        futures = {pool.submit(run_one, str(checkpoint), name, seed, steps_of(name, steps), args.eval_every,
+                               args.stages): (name, seed)
                    for name, seed in jobs}
         for future, key in futures.items():
             results[key] = future.result()
@@ -230,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
     runs = {name: aggregate([summarise_seed(results[(name, s)], target) for s in range(num_seeds)]) for name in names}
     report = {"task": f"{BASE_TASK.name} ({BASE_TASK.min_digits}-{BASE_TASK.max_digits} digits, "
                       f"{BASE_TASK.reward.value} reward, {BASE_TASK.eval_size} held-out prompts)",
-              "target": target, "base_eval": base_eval, "steps": steps, "num_seeds": num_seeds, "workers": workers,
+              "target": target, "base_eval": base_eval, "steps": steps,
+              "control_steps": steps_of("shuffled_reward", steps), "num_seeds": num_seeds, "workers": workers,
               "stages": args.stages, "checkpoint": str(checkpoint), "seconds": round(time.perf_counter() - t0, 1),
               "runs": runs}
     report["quick"] = bool(args.quick)
