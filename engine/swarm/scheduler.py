@@ -228,18 +228,17 @@ class RunScheduler(StepRunner):
         rows = []
         for k, prompt in enumerate(job.prompts):
             sl = slice(k * g, (k + 1) * g)
+            state = "ready" if keep[k] else "dropped"  # a zero-variance group is kept, but not trained on
             rows += [dict(group_id=f"{job.job}:{k}", prompt=prompt, tokens=t, behaviour_logprobs=lp,
-                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a))
+                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a),
+                          state=state)
                      for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
-        ids = self.store.add_rollouts(rows)
+        self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         self.stats["completion_tokens"] += sum(len(t) for t in m["tokens"])
         self.stats["reward_sum"] += float(rewards.sum())
         self.stats["reward_count"] += rewards.size
-        dropped = [i for k in range(len(job.prompts)) if not keep[k] for i in ids[k * g:(k + 1) * g]]
-        if dropped:
-            self.store.mark_rollouts(dropped, "dropped")
-            self.stats["zero_variance_groups"] += len(dropped) // g
+        self.stats["zero_variance_groups"] += int((~keep).sum())
 
     def on_job_failed(self, job_id: str, reason: str) -> None:
         self._fail_job(job_id, reason)

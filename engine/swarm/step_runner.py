@@ -49,6 +49,8 @@ class StepRunner:
         dropped = self.store.drop_stale(self.version, self.run.max_staleness)
         if dropped:
             self.stats["dropped_stale"] += dropped
+        if self.store.complete_group_count(self.run.group_size) < self.run.prompts_per_step:
+            return None  # checked first: reading the rollouts themselves costs far more
         rows = self.store.ready_rollouts(limit=self.run.prompts_per_step * self.run.group_size * 2)
         by_group: dict[str, list] = defaultdict(list)
         for r in rows:

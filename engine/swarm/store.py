@@ -4,7 +4,10 @@ Everything the coordinator must not forget across a restart lives here: the
 policy version, completed rollouts (the replay buffer's contents, so a finished
 rollout is never lost), the contribution ledger, eval history and run metadata.
 It is used from the coordinator's event-loop thread only; each call is one short
-transaction on a local file (WAL mode).
+transaction on a local file (WAL mode). The store is the only writer of its file, so it
+mirrors the number of ready rollouts per group in memory (loaded when it opens, kept by
+every call that changes a rollout's state): the scheduler asks for those counts on every
+tick, and counting them in SQL grows with the buffer.
 
 It knows nothing about HTTP, WebRTC, tensors or how rewards are computed.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,6 +25,8 @@ from typing import Any, Iterable
 import numpy as np
 
 SCHEMA_VERSION = 1
+#: what a stored rollout can be: waiting in the replay buffer, trained on, or dropped (stale / no signal)
+ROLLOUT_STATES = ("ready", "consumed", "dropped")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +85,19 @@ class Store:
         elif found != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: database schema {found} is not {SCHEMA_VERSION}; "
                                "start with a new --db path")
+        #: group id -> its rollouts in state 'ready' (only groups with at least one)
+        self._ready: Counter[str] = Counter()
+        self._load_ready_counts()
+
+    def _unready(self, rows: Iterable[tuple[str]]) -> int:
+        """Count rollouts (``(group_id,)`` rows) that just left the 'ready' state; returns how many."""
+        n = 0
+        for (group_id,) in rows:
+            n += 1
+            self._ready[group_id] -= 1
+            if self._ready[group_id] <= 0:
+                del self._ready[group_id]
+        return n
 
     def close(self) -> None:
         self._db.close()
@@ -122,24 +141,32 @@ class Store:
 
     # -- rollouts (replay buffer contents) -----------------------------------------
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
-        """Insert scored samples; each dict has the fields of :class:`StoredRollout` but ``id``."""
-        ids = []
+        """Insert scored samples; each dict has the fields of :class:`StoredRollout` but ``id``,
+        and optionally ``state`` (default ``'ready'``; e.g. ``'dropped'`` for a group that
+        carries no learning signal but must still be kept)."""
+        ids, groups = [], []
         now = time.time()
         self._db.execute("BEGIN")
         try:
             for r in rollouts:
+                state = r.get("state", "ready")
+                if state not in ROLLOUT_STATES:
+                    raise ValueError(f"unknown rollout state {state!r}")
                 cur = self._db.execute(
                     "INSERT INTO rollouts(group_id, prompt, tokens, behaviour_logprobs, versions, min_version, "
-                    "reward, advantage, created_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "reward, advantage, created_at, state) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (r["group_id"], r["prompt"], json.dumps([int(t) for t in r["tokens"]]),
                      np.asarray(r["behaviour_logprobs"], dtype=np.float32).tobytes(),
                      json.dumps([int(v) for v in r["versions"]]), int(r["min_version"]),
-                     float(r["reward"]), float(r["advantage"]), now))
+                     float(r["reward"]), float(r["advantage"]), now, state))
                 ids.append(int(cur.lastrowid))
+                if state == "ready":
+                    groups.append(r["group_id"])
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        self._ready.update(groups)
         return ids
 
     def ready_rollouts(self, limit: int) -> list[StoredRollout]:
@@ -152,19 +179,47 @@ class Store:
                 for r in rows]
 
     def ready_group_count(self) -> int:
-        row = self._db.execute("SELECT COUNT(DISTINCT group_id) FROM rollouts WHERE state = 'ready'").fetchone()
-        return int(row[0])
+        """Groups with at least one ready rollout."""
+        return len(self._ready)
+
+    def complete_group_count(self, group_size: int) -> int:
+        """Groups with at least ``group_size`` ready rollouts."""
+        return sum(1 for n in self._ready.values() if n >= group_size)
 
     def mark_rollouts(self, ids: Iterable[int], state: str) -> None:
-        if state not in ("ready", "consumed", "dropped"):
+        if state not in ROLLOUT_STATES:
             raise ValueError(f"unknown rollout state {state!r}")
-        self._db.executemany("UPDATE rollouts SET state = ? WHERE id = ?", [(state, int(i)) for i in ids])
+        ids = [int(i) for i in ids]
+        self._db.execute("BEGIN")
+        try:
+            for at in range(0, len(ids), 500):  # well under SQLite's bound-parameter limit
+                chunk = ids[at:at + 500]
+                marks = ",".join("?" * len(chunk))
+                if state == "ready":
+                    self._ready.update(g for (g,) in self._db.execute(
+                        f"UPDATE rollouts SET state = 'ready' WHERE state != 'ready' AND id IN ({marks}) "
+                        "RETURNING group_id", chunk).fetchall())
+                    continue
+                left = self._db.execute(f"UPDATE rollouts SET state = ? WHERE state = 'ready' AND id IN ({marks}) "
+                                        "RETURNING group_id", (state, *chunk)).fetchall()
+                self._db.execute(f"UPDATE rollouts SET state = ? WHERE state NOT IN ('ready', ?) AND id IN ({marks})",
+                                 (state, state, *chunk))
+                self._unready(left)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._load_ready_counts()
+            raise
+
+    def _load_ready_counts(self) -> None:
+        self._ready = Counter(dict(self._db.execute(
+            "SELECT group_id, COUNT(*) FROM rollouts WHERE state = 'ready' GROUP BY group_id").fetchall()))
 
     def drop_stale(self, current_version: int, max_staleness: int) -> int:
         """Mark ready rollouts older than the staleness bound as dropped; returns how many."""
-        cur = self._db.execute("UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ?",
-                               (int(current_version) - int(max_staleness),))
-        return cur.rowcount
+        return self._unready(self._db.execute(
+            "UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ? RETURNING group_id",
+            (int(current_version) - int(max_staleness),)).fetchall())
 
     def rollout_counts(self) -> dict[str, int]:
         rows = self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall()

@@ -49,3 +49,27 @@ def test_ledger_rejects_unknown_or_negative_counters(tmp_path):
         store.add_to_ledger("p", points=1)
     with pytest.raises(ValueError):
         store.add_to_ledger("p", tokens_generated=-1)
+
+
+def _sql_group_counts(store):
+    rows = store._db.execute("SELECT group_id, COUNT(*) FROM rollouts WHERE state = 'ready' GROUP BY group_id")
+    return dict(rows.fetchall())
+
+
+def test_ready_group_counts_follow_every_state_change_and_a_reopen(tmp_path):
+    store = Store(tmp_path / "c.db")
+    ids = store.add_rollouts([_rollout(i, version=1 + i % 5) for i in range(12)])  # groups g0..g5, 2 each
+    assert store.ready_group_count() == 6 and store.complete_group_count(2) == 6
+    store.mark_rollouts(ids[:3], "consumed")         # g0 empty, g1 half
+    store.mark_rollouts(ids[:1], "dropped")          # consumed -> dropped: no ready count changes
+    store.mark_rollouts(ids[1:2], "ready")           # back to ready: g0 has one again
+    dropped = store.drop_stale(current_version=7, max_staleness=4)  # min_version < 3 dropped
+    assert dropped == sum(1 for i in range(12) if 1 + i % 5 < 3 and i not in (0, 2))
+    expected = _sql_group_counts(store)
+    assert store.ready_group_count() == len(expected)
+    assert store.complete_group_count(2) == sum(1 for n in expected.values() if n >= 2)
+    assert store.complete_group_count(1) == len(expected)
+    store.close()
+    again = Store(tmp_path / "c.db")
+    assert again.ready_group_count() == len(expected)
+    assert again.complete_group_count(2) == sum(1 for n in expected.values() if n >= 2)
