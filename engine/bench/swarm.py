@@ -10,9 +10,17 @@ Measured in one run, on this machine:
    swarm window;
 3. **replica update bytes** — bytes the replicas exchanged per step against
    dense fp32, from a training run of 2 stages x 2 replicas;
-4. **accuracy at equal samples** — held-out exact match of that swarm run and
-   of the in-process trainer (``engine.rl.trainer``, same settings, the same
-   number of versions = the same number of samples).
+4. **accuracy at equal samples** — held-out exact match of that swarm run at
+   every eval, and of the in-process trainer (``engine.rl.trainer``, the same
+   recipe, rollouts one batch old like the swarm's, ``--seeds`` seeds) evaluated
+   when the samples it has trained on first reach the swarm's count at that eval.
+   (Equal versions would not be equal samples: the swarm fills every batch with
+   groups that carry signal, the in-process trainer drops zero-variance groups
+   from its batches.)
+
+Where the gap in generation comes from is measured too: the CPU the swarm's
+processes used during the window (Linux ``/proc``), against the one core the
+in-process chain runs on.
 
 The last stdout line is the JSON object with ``--json``.
 """
@@ -35,8 +43,11 @@ import numpy as np
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")
-    parser.add_argument("--window-s", type=float, default=30.0, help="seconds of generation measured per swarm")
-    parser.add_argument("--versions", type=int, default=30, help="policy versions of the accuracy comparison")
+    parser.add_argument("--window-s", type=float, default=20.0, help="seconds of generation measured per swarm")
+    parser.add_argument("--versions", type=int, default=480,
+                        help="policy versions the swarm trains for the accuracy comparison (default 480)")
+    parser.add_argument("--eval-every", type=int, default=120, help="versions between held-out evals (default 120)")
+    parser.add_argument("--seeds", type=int, default=2, help="in-process runs (seeds) to compare with (default 2)")
 
 
 def _base(args) -> str:
@@ -95,26 +106,57 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the swarm did not start generating; logs in {tmp}")
             time.sleep(0.5)
-        first, t0 = swarm.stats(), time.monotonic()
+        cpu0, first, t0 = _cpu_seconds(swarm.procs), swarm.stats(), time.monotonic()
         time.sleep(window_s)
-        last, t1 = swarm.stats(), time.monotonic()
+        cpu1, last, t1 = _cpu_seconds(swarm.procs), swarm.stats(), time.monotonic()
     finally:
         swarm.stop()
     tokens = last["counters"]["completion_tokens"] - first["counters"]["completion_tokens"]
     wire = last["bytes_on_wire"] - first["bytes_on_wire"]
-    return {"tok_s": tokens / (t1 - t0), "bytes_per_token": wire / max(tokens, 1), "tokens": tokens}
+    cpu = None
+    if cpu0 is not None and cpu1 is not None:
+        cpu = {"coordinator": (cpu1[0] - cpu0[0]) / (t1 - t0),
+               "nodes": [(b - a) / (t1 - t0) for a, b in zip(cpu0[1:], cpu1[1:])]}
+    return {"tok_s": tokens / (t1 - t0), "bytes_per_token": wire / max(tokens, 1), "tokens": tokens,
+            "cpu_cores": cpu}
 
 
-def _swarm_training(base: str, tmp: Path, versions: int) -> dict[str, Any]:
+def _cpu_seconds(procs) -> list[float] | None:
+    """CPU seconds (user + system) each process has used so far; None where /proc is missing."""
+    import os
+
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        out = []
+        for proc in procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / ticks)
+        return out
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cumulative_samples(versions: list[dict[str, Any]]) -> dict[int, int]:
+    """Version -> samples trained on up to and including it (from the stats API's version log)."""
+    total, out = 0, {0: 0}
+    for v in sorted(versions, key=lambda v: v["version"]):
+        total += int(v.get("samples") or 0)
+        out[int(v["version"])] = total
+    return out
+
+
+def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int) -> dict[str, Any]:
+    """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``."""
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
-                              set=[f"eval_every_versions={versions}"])
+                              set=[f"eval_every_versions={eval_every}"])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
+    started = time.monotonic()
     try:
         swarm.start()
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + 60 * 60
         while True:
             stats = swarm.stats()
             done = [e for e in stats["evals"] if e["version"] >= versions]
@@ -125,12 +167,17 @@ def _swarm_training(base: str, tmp: Path, versions: int) -> dict[str, Any]:
             time.sleep(1.0)
     finally:
         swarm.stop()
-    return {"accuracy": done[0]["accuracy"], "update_bytes": stats["update_bytes"],
-            "dense_update_bytes": stats["dense_update_bytes"], "start_accuracy": stats["evals"][0]["accuracy"],
-            "staleness_histogram": stats["staleness_histogram"]}
+    samples = _cumulative_samples(stats["versions"])
+    curve = [{"version": e["version"], "samples": samples.get(e["version"], max(samples.values())),
+              "accuracy": e["accuracy"]} for e in stats["evals"]]
+    return {"curve": curve, "update_bytes": stats["update_bytes"], "dense_update_bytes": stats["dense_update_bytes"],
+            "staleness_histogram": stats["staleness_histogram"], "seconds": round(time.monotonic() - started, 1),
+            "dropped_stale": stats["counters"].get("dropped_stale", 0)}
 
 
-def _in_process_training(base: str, run, versions: int) -> dict[str, float]:
+def _in_process_training(base: str, run, sample_points: list[int], seed: int) -> dict[str, Any]:
+    """The in-process trainer (same recipe, run lag = updates per batch) evaluated when the
+    samples it has trained on first reach each of ``sample_points``."""
     from backends.base import OptimizerConfig
     from engine.rl.codec import TaskCodec
     from engine.rl.pipeline import LocalPipeline
@@ -141,14 +188,34 @@ def _in_process_training(base: str, run, versions: int) -> dict[str, float]:
                            prompts_per_step=run.prompts_per_step, group_size=run.group_size,
                            updates_per_batch=run.updates_per_batch, lag_versions=run.updates_per_batch,
                            max_staleness=run.max_staleness, max_grad_norm=run.max_grad_norm, eval_every_steps=0,
-                           seed=run.seed)
+                           seed=seed)
     trainer = Trainer(pipe, TaskCodec.from_dir(base), config)
-    start = trainer.evaluate().exact_match
-    for _ in range(versions):
-        trainer.step()
-    end = trainer.evaluate().exact_match
+    started = time.monotonic()
+    curve = [{"version": 0, "samples": 0, "accuracy": trainer.evaluate().exact_match}]
+    trained = 0
+    for target in sorted(p for p in sample_points if p > 0):
+        for _ in range(100_000):
+            if trained >= target:
+                break
+            trained += trainer.step().trained_samples
+        curve.append({"version": max(pipe.versions()), "samples": trained,
+                      "accuracy": trainer.evaluate().exact_match})
     pipe.close()
-    return {"start_accuracy": start, "accuracy": end}
+    return {"curve": curve, "seed": seed, "seconds": round(time.monotonic() - started, 1)}
+
+
+def _gaps(swarm_curve: list[dict], local_curves: list[list[dict]]) -> list[dict[str, float]]:
+    """Per swarm eval point: in-process accuracy (mean over seeds) at the same samples, and the gap."""
+    out = []
+    for i, point in enumerate(swarm_curve):
+        local = [c[i]["accuracy"] for c in local_curves if i < len(c)]
+        if not local:
+            continue
+        mean = float(np.mean(local))
+        out.append({"samples": point["samples"], "version": point["version"], "swarm": point["accuracy"],
+                    "inprocess": mean, "inprocess_spread": [min(local), max(local)],
+                    "gap_points": 100.0 * (point["accuracy"] - mean)})
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,35 +234,50 @@ def run(args: argparse.Namespace) -> int:
         print("3/5 swarm generation, fp32 activations...", file=out, flush=True)
         fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s)
         print(f"4/5 swarm training, 2 stages x 2 replicas, {args.versions} versions...", file=out, flush=True)
-        swarm = _swarm_training(base, tmp / "train", args.versions)
-        print(f"5/5 in-process training, {args.versions} versions...", file=out, flush=True)
-        local = _in_process_training(base, run_cfg, args.versions)
+        swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every)
+        points = [p["samples"] for p in swarm["curve"]]
+        print(f"5/5 in-process training to the same samples ({points[-1]}), {args.seeds} seed(s)...", file=out,
+              flush=True)
+        local = [_in_process_training(base, run_cfg, points, seed) for seed in range(args.seeds)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    gaps = _gaps(swarm["curve"], [r["curve"] for r in local])
+    final = gaps[-1]
     result = {
         "generation_tok_s_webrtc": int8["tok_s"], "generation_tok_s_inprocess": inproc_tok_s,
         "generation_ratio": int8["tok_s"] / inproc_tok_s,
         "generation_tok_s_webrtc_fp32": fp32["tok_s"],
+        "generations_in_flight": run_cfg.generations_in_flight,
+        "generation_cpu_cores": int8.get("cpu_cores"),
         "activation_bytes_per_token": {"fp32": fp32["bytes_per_token"], "compressed": int8["bytes_per_token"]},
         "activation_bytes_ratio": int8["bytes_per_token"] / fp32["bytes_per_token"],
         "update_bytes_ratio_vs_dense": (swarm["update_bytes"] / swarm["dense_update_bytes"]
                                         if swarm["dense_update_bytes"] else None),
-        "versions": args.versions, "samples": args.versions * run_cfg.prompts_per_step * run_cfg.group_size,
-        "accuracy_swarm": swarm["accuracy"], "accuracy_inprocess": local["accuracy"],
-        "accuracy_start": local["start_accuracy"],
-        "accuracy_gap_points": 100.0 * (swarm["accuracy"] - local["accuracy"]),
-        "swarm_staleness_histogram": swarm["staleness_histogram"],
+        "versions": args.versions, "samples": final["samples"],
+        "accuracy_swarm": final["swarm"], "accuracy_inprocess": final["inprocess"],
+        "accuracy_start": swarm["curve"][0]["accuracy"],
+        "accuracy_gap_points": final["gap_points"],
+        "accuracy_gap_points_mean_abs": float(np.mean([abs(g["gap_points"]) for g in gaps[1:]] or [0.0])),
+        "accuracy_by_samples": gaps,
+        "swarm_curve": swarm["curve"], "inprocess_curves": [r["curve"] for r in local],
+        "swarm_staleness_histogram": swarm["staleness_histogram"], "swarm_dropped_stale": swarm["dropped_stale"],
+        "swarm_training_seconds": swarm["seconds"], "inprocess_training_seconds": [r["seconds"] for r in local],
         "seconds": round(time.monotonic() - started, 1),
     }
     print(f"generation: {result['generation_tok_s_webrtc']:.0f} tok/s over WebRTC vs "
           f"{inproc_tok_s:.0f} in one process ({result['generation_ratio']:.2f}x)", file=out)
+    if int8.get("cpu_cores"):
+        c = int8["cpu_cores"]
+        print(f"  CPU during the WebRTC window: coordinator {c['coordinator']:.2f} cores, nodes "
+              + ", ".join(f"{n:.2f}" for n in c["nodes"]) + " cores (the in-process chain: one thread)", file=out)
     print(f"activation bytes/token: fp32 {fp32['bytes_per_token']:.0f}, int8 {int8['bytes_per_token']:.0f} "
           f"({result['activation_bytes_ratio']:.3f}x)", file=out)
     if result["update_bytes_ratio_vs_dense"] is not None:
         print(f"replica updates: {result['update_bytes_ratio_vs_dense']:.4f}x dense fp32", file=out)
-    print(f"accuracy after {args.versions} versions: swarm {swarm['accuracy']:.3f}, in-process "
-          f"{local['accuracy']:.3f} (start {local['start_accuracy']:.3f}); gap "
-          f"{result['accuracy_gap_points']:+.1f} points", file=out)
+    print(f"{'samples':>8} {'version':>8} {'swarm':>7} {'in-proc':>8} {'gap':>7}", file=out)
+    for g in gaps:
+        print(f"{g['samples']:>8} {g['version']:>8} {g['swarm']:>7.3f} {g['inprocess']:>8.3f} "
+              f"{g['gap_points']:>+7.1f}", file=out)
     if args.json:
         print(json.dumps(result))
     return 0

@@ -111,6 +111,7 @@ class StepLog:
     finished_fraction: float = 0.0  #: samples that emitted EOS
     completion_tokens_mean: float = 0.0
     groups: int = 0  #: groups that came out of the queue
+    trained_samples: int = 0  #: samples (rows) the optimiser steps of this step were computed on
     zero_variance_fraction: float = 0.0  #: of the non-stale groups
     dropped_stale: int = 0
     staleness_histogram: dict[int, int] = field(default_factory=dict)
@@ -245,6 +246,7 @@ class Trainer:
         """One optimiser step on ``batch`` (micro-batched), folding its stats into ``out``."""
         cfg = self.config
         n_tokens = batch.num_tokens
+        out.trained_samples += batch.num_rows
         totals = dict(masked=0.0, clipped=0.0, ess=0.0, weight=0.0, kl=0.0)
         self.pipeline.zero_grad()
         loss = 0.0

@@ -386,7 +386,8 @@ class Coordinator:
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version} for s in self.sessions.values()],
             "evals": self.store.evals(), "eval_running": sched.eval_round is not None,
-            "versions": [{"version": v["version"], "reward": v["reward"]} for v in self.store.versions()],
+            "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
+                         for v in self.store.versions()],
             "steps": sched.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": sched.received_rollouts, "jobs_in_flight": len(sched.jobs),
             "staleness_histogram": {str(k): v for k, v in sorted(sched.staleness_hist.items())},
