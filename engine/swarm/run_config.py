@@ -48,7 +48,9 @@ class RunConfig:
         error feedback, int8 values); 1.0 sends dense fp32.
       prompts_per_job: prompts of one token length decoded together in one generation job
         (prompts_per_job x group_size rows share a KV cache; more rows amortise per-step latency).
-      generations_in_flight: generation jobs kept in flight per pipeline route.
+      generations_in_flight: generation jobs kept in flight per pipeline route (the replay
+        buffer's cap of two batches still bounds how much is generated ahead). Measured on 2
+        cores: 3 -> 8 raised the demo from 672 to 796 versions in 8 minutes.
       eval_every_versions: greedy held-out eval every this many versions (0 = start/end only).
       checkpoint_every_versions: stage leaders write a stage checkpoint this often.
       max_versions: the run stops training after this version (0 = never).
@@ -68,7 +70,7 @@ class RunConfig:
     activation_encoding: str = "int8_rowwise"
     update_topk_fraction: float = 0.02
     prompts_per_job: int = 8
-    generations_in_flight: int = 3
+    generations_in_flight: int = 8  # two WebRTC hops per token need several jobs to keep both stages busy
     eval_every_versions: int = 20
     checkpoint_every_versions: int = 5
     max_versions: int = 0
