@@ -28,6 +28,12 @@ from engine.rl.objective import ObjectiveConfig, compute_objective
 log = logging.getLogger(__name__)
 
 
+def optimizer_path(stage_file: str | Path) -> Path:
+    """Where :meth:`StageRuntime.save_stage` keeps the optimiser state of ``stage_file``."""
+    stage_file = Path(stage_file)
+    return stage_file.with_name(stage_file.stem + ".optimizer.safetensors")
+
+
 class StageRuntime:
     """One stage on this machine. Create, use and close on one thread."""
 
@@ -190,24 +196,42 @@ class StageRuntime:
         return total
 
     def save_stage(self, path: str | Path, version: int) -> None:
-        """Write this stage's weights (safetensors) + version atomically."""
+        """Write this stage's weights + version, and next to them its optimiser state
+        (``optimizer_path``), each atomically: a stage restored from them continues with
+        its AdamW moments instead of restarting them."""
         from safetensors.numpy import save_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        moments = optimizer_path(path)
+        save_file({k: np.ascontiguousarray(v) for k, v in self._b().optimizer_state().items()},
+                  str(moments.with_suffix(".tmp")), metadata={"polis_version": str(version)})
+        os.replace(moments.with_suffix(".tmp"), moments)
         tmp = path.with_suffix(".tmp")
         save_file({k: np.ascontiguousarray(v) for k, v in self.state_dict().items()}, str(tmp),
                   metadata={"polis_version": str(version), "stage": json.dumps(self.spec.__dict__)})
         os.replace(tmp, path)
 
     def load_stage_file(self, path: str | Path) -> int:
-        """Overlay weights from :meth:`save_stage`'s file; returns its version."""
+        """Overlay weights from :meth:`save_stage`'s file; returns its version. The optimiser
+        state is restored too when its file is there, of the same version and valid; otherwise
+        the moments start fresh (logged), since the weights are what the run cannot lose."""
         from engine.model.safetensors_reader import SafetensorsFile
 
         f = SafetensorsFile(path)
         weights = f.read_many(f.names)
+        version = int((f.metadata or {}).get("polis_version", "0"))
         self._b().set_weights(weights)
-        return int((f.metadata or {}).get("polis_version", "0"))
+        moments = optimizer_path(path)
+        if moments.exists():
+            try:
+                m = SafetensorsFile(moments)
+                if int((m.metadata or {}).get("polis_version", "-1")) != version:
+                    raise ValueError("it belongs to another version")
+                self._b().load_optimizer_state(m.read_many(m.names))
+            except Exception as exc:  # a bad moments file costs the moments only
+                log.warning("optimiser state %s not restored (%s); AdamW moments start fresh", moments, exc)
+        return version
 
     def close(self) -> None:
         if self._fresh is not None:

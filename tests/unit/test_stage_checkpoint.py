@@ -1,0 +1,52 @@
+"""A node's stage checkpoint carries its weights, version and AdamW moments."""
+
+import numpy as np
+
+from backends.base import OptimizerConfig
+from engine.model.shard_plan import plan_stages
+from engine.paths import base_checkpoint_dir
+from engine.swarm.stage_runtime import StageRuntime, optimizer_path
+
+
+def _trained_runtime():
+    rt = StageRuntime("torch", "cpu")
+    spec = plan_stages(2, 2)[0]
+    rt.load_checkpoint(base_checkpoint_dir(), spec, OptimizerConfig(lr=1e-3))
+    ids = np.random.default_rng(0).integers(3, 12, size=(4, 6))
+    for step in range(2):
+        out = rt.train_forward(f"k{step}", ids)
+        rt.backend.backward(f"k{step}", np.ones_like(out) * 1e-2)
+        rt.backend.step()
+    return rt, spec
+
+
+def test_a_restored_stage_continues_with_its_weights_and_optimizer_moments(tmp_path):
+    rt, spec = _trained_runtime()
+    path = tmp_path / "stage0.safetensors"
+    rt.save_stage(path, version=7)
+    assert optimizer_path(path).exists()
+    again = StageRuntime("torch", "cpu")
+    again.load_checkpoint(base_checkpoint_dir(), spec, OptimizerConfig(lr=1e-3))
+    assert again.load_stage_file(path) == 7
+    for name, value in rt.state_dict().items():
+        np.testing.assert_array_equal(again.state_dict()[name], value)
+    saved, loaded = rt.backend.optimizer_state(), again.backend.optimizer_state()
+    assert saved.keys() == loaded.keys()
+    for key in saved:
+        np.testing.assert_array_equal(loaded[key], saved[key])
+    rt.close(), again.close()
+
+
+def test_a_corrupt_or_foreign_optimizer_file_costs_the_moments_not_the_weights(tmp_path):
+    rt, spec = _trained_runtime()
+    path = tmp_path / "stage0.safetensors"
+    rt.save_stage(path, version=3)
+    optimizer_path(path).write_bytes(b"not safetensors")
+    again = StageRuntime("torch", "cpu")
+    again.load_checkpoint(base_checkpoint_dir(), spec, OptimizerConfig(lr=1e-3))
+    assert again.load_stage_file(path) == 3
+    for name, value in rt.state_dict().items():
+        np.testing.assert_array_equal(again.state_dict()[name], value)
+    assert all(float(v.max(initial=0.0)) == 0.0 for k, v in again.backend.optimizer_state().items()
+               if k.endswith(".exp_avg_sq"))
+    rt.close(), again.close()
