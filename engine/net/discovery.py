@@ -1,15 +1,26 @@
 """LAN discovery over zeroconf (mDNS/DNS-SD): advertise a Polis service and browse for them.
 
 A service of type ``_polis._tcp.local.`` carries TXT properties ``role``
-(``coordinator`` or ``node``), ``peer`` (the advertiser's peer id), ``url`` (its
-signalling URL, ``ws://host:port/path``) and ``ver`` (the Polis version). Whatever
+(``coordinator`` or ``node``), ``peer`` (the advertiser's peer id; a coordinator's
+run id), ``url`` and ``ver`` (the Polis version). A coordinator's ``url`` is its
+base URL, ``http(s)://host:port``, exactly what ``polis node --coordinator``
+takes; a node's may be a signalling URL (``ws://host:port/path``). Whatever
 arrives from the network is untrusted: TXT records are size-checked and parsed
 into a :class:`ServiceAdvert` or dropped with a logged reason; a browse keeps at
 most ``max_services`` answers.
 
 Everything runs on the caller's asyncio loop (``zeroconf.asyncio``). By default
 zeroconf uses every interface (a real LAN); tests and single-machine demos pass
-``DiscoveryConfig(interfaces=("127.0.0.1",))`` so that nothing leaves loopback.
+``DiscoveryConfig(interfaces=LOOPBACK_ONLY)`` so that nothing leaves loopback.
+Command-line paths (``polis node --lan``, ``polis coordinator --lan``) read
+their config from the environment with :meth:`DiscoveryConfig.from_env`:
+
+``POLIS_LAN_INTERFACES``   ``all`` (or unset/empty: every interface), ``loopback``
+                           (127.0.0.1 only: nothing leaves this machine, and a
+                           hosted coordinator listens on and advertises
+                           127.0.0.1), or comma-separated IPv4 addresses.
+``POLIS_LAN_SERVICE_TYPE`` the DNS-SD type (default ``_polis._tcp.local.``); a
+                           private type keeps separate swarms (or tests) apart.
 
 What this module does not know: what a coordinator does, how to connect to the
 URL it finds (signalling), or whether to host a coordinator when none answers.
@@ -20,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import ifaddr
@@ -39,6 +51,11 @@ SERVICE_TYPE = "_polis._tcp.local."
 ROLES = ("coordinator", "node")
 #: Interfaces that keep discovery on this machine (tests, demos).
 LOOPBACK_ONLY = ("127.0.0.1",)
+#: Environment variables read by :meth:`DiscoveryConfig.from_env`.
+ENV_INTERFACES = "POLIS_LAN_INTERFACES"
+ENV_SERVICE_TYPE = "POLIS_LAN_SERVICE_TYPE"
+#: DNS-SD service types: "_" + 1-15 letters, digits or hyphens (RFC 6335) + "._tcp.local."
+_SERVICE_TYPE_RE = re.compile(r"_[A-Za-z0-9](?:[A-Za-z0-9-]{0,13}[A-Za-z0-9])?\._tcp\.local\.\Z")
 _PEER_ID_RE = re.compile(r"[0-9a-f]{8,64}\Z")
 _VERSION_RE = re.compile(r"[0-9A-Za-z.+\-]{1,32}\Z")
 _MAX_URL_LEN = 256
@@ -63,18 +80,91 @@ class DiscoveryConfig:
         if self.interfaces is not None:
             for address in self.interfaces:
                 ipaddress.IPv4Address(address)  # raises ValueError on garbage
-        if not (self.service_type.startswith("_") and self.service_type.endswith("._tcp.local.")):
-            raise ValueError(f"service_type {self.service_type!r} is not a '_name._tcp.local.' type")
+        if self.interfaces is not None and not self.interfaces:
+            raise ValueError("interfaces must name at least one address (None = all interfaces)")
+        if not _SERVICE_TYPE_RE.match(self.service_type):
+            raise ValueError(f"service_type {self.service_type!r} is not a '_name._tcp.local.' type "
+                             "(name: 1-15 letters, digits or hyphens)")
         if not 0 < self.resolve_timeout_s <= 60:
             raise ValueError("resolve_timeout_s must be in (0, 60]")
         if not 1 <= self.max_services <= 4096:
             raise ValueError("max_services must be in [1, 4096]")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "DiscoveryConfig":
+        """The config the command line uses: ``POLIS_LAN_INTERFACES`` and ``POLIS_LAN_SERVICE_TYPE``.
+
+        Raises ValueError naming the variable when a value is not valid.
+        """
+        env = os.environ if environ is None else environ
+        fields: dict[str, Any] = {}
+        raw = env.get(ENV_INTERFACES, "").strip()
+        if raw.lower() == "loopback":
+            fields["interfaces"] = LOOPBACK_ONLY
+        elif raw and raw.lower() != "all":
+            addresses = tuple(part.strip() for part in raw.split(",") if part.strip())
+            try:
+                if not addresses:
+                    raise ValueError(raw)
+                fields["interfaces"] = tuple(str(ipaddress.IPv4Address(a)) for a in addresses)
+            except ValueError:
+                raise ValueError(f"{ENV_INTERFACES}={raw[:80]!r}: use 'all', 'loopback' or "
+                                 "comma-separated IPv4 addresses") from None
+        stype = env.get(ENV_SERVICE_TYPE, "").strip()
+        if stype:
+            fields["service_type"] = stype
+        fields.update(overrides)
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            if "service_type" in str(exc):
+                raise ValueError(f"{ENV_SERVICE_TYPE}: {exc}") from None
+            raise
+
+    @property
+    def loopback_only(self) -> bool:
+        """True when discovery never leaves this machine."""
+        return self.interfaces is not None and all(ipaddress.IPv4Address(a).is_loopback for a in self.interfaces)
+
+    @property
+    def listen_host(self) -> str:
+        """Where a service advertised with this config should listen."""
+        if self.interfaces is not None and len(self.interfaces) == 1:
+            return self.interfaces[0]
+        return "0.0.0.0"
 
     def zeroconf(self) -> AsyncZeroconf:
         interfaces: Any = list(self.interfaces) if self.interfaces is not None else None
         if interfaces is None:
             return AsyncZeroconf(ip_version=IPVersion.V4Only)
         return AsyncZeroconf(interfaces=interfaces, ip_version=IPVersion.V4Only)
+
+
+def reachable_address(config: DiscoveryConfig, listen_host: str = "0.0.0.0") -> str:
+    """The IPv4 address to put in an advert for a service listening on ``listen_host``.
+
+    A specific listen address is used as is; for a wildcard it is the first configured
+    interface, else the address of the interface holding the default route (no packet is
+    sent), else the first non-loopback address. Never ``socket.gethostbyname(hostname)``:
+    on many Linux systems that is 127.0.1.1, useless to other machines.
+    """
+    if listen_host not in ("0.0.0.0", "", "::"):
+        return listen_host
+    if config.interfaces is not None:
+        return config.interfaces[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: routing lookup only, nothing is sent
+            address = probe.getsockname()[0]
+        if address and not ipaddress.IPv4Address(address).is_loopback and address != "0.0.0.0":
+            return address
+    except OSError:
+        pass
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str) and not ipaddress.IPv4Address(ip.ip).is_loopback:
+                return ip.ip
+    return "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -99,6 +189,14 @@ class ServiceAdvert:
     def port(self) -> int:
         parts = urlsplit(self.signalling_url)
         return parts.port or (443 if parts.scheme in ("wss", "https") else 80)
+
+    @property
+    def coordinator_url(self) -> str | None:
+        """The base URL to give ``polis node --coordinator`` (a coordinator's http(s) URL), else None."""
+        parts = urlsplit(self.signalling_url)
+        if self.role != "coordinator" or parts.scheme not in ("http", "https"):
+            return None
+        return self.signalling_url.rstrip("/")
 
     def to_properties(self) -> dict[str, str]:
         return {"role": self.role, "peer": self.peer_id, "url": self.signalling_url, "ver": self.version}
@@ -223,8 +321,9 @@ async def _resolve(zc: AsyncZeroconf, name: str, config: DiscoveryConfig) -> Dis
 
 
 async def browse(timeout_s: float, *, role: str | None = None, config: DiscoveryConfig | None = None,
-                 first_only: bool = False) -> list[DiscoveredService]:
-    """Services (optionally of one ``role``) found within ``timeout_s`` seconds.
+                 first_only: bool = False,
+                 accept: Callable[[DiscoveredService], bool] | None = None) -> list[DiscoveredService]:
+    """Services (optionally of one ``role``, and passing ``accept``) found within ``timeout_s`` seconds.
 
     With ``first_only`` it returns as soon as one matching service is resolved.
     """
@@ -254,7 +353,8 @@ async def browse(timeout_s: float, *, role: str | None = None, config: Discovery
             for task in done - {getter}:
                 pending.discard(task)
                 result = task.result()
-                if result is not None and (role is None or result.advert.role == role):
+                if result is not None and (role is None or result.advert.role == role) \
+                        and (accept is None or accept(result)):
                     found.append(result)
             if getter in done:
                 name = getter.result()
@@ -270,7 +370,23 @@ async def browse(timeout_s: float, *, role: str | None = None, config: Discovery
     return found[:1] if first_only else found
 
 
-async def find_coordinator(timeout_s: float, config: DiscoveryConfig | None = None) -> DiscoveredService | None:
-    """The first coordinator that answers within ``timeout_s``, or None."""
-    found = await browse(timeout_s, role="coordinator", config=config, first_only=True)
+def _joinable(service: DiscoveredService) -> bool:
+    return service.advert.coordinator_url is not None
+
+
+async def find_coordinator(timeout_s: float, config: DiscoveryConfig | None = None, *,
+                           joinable_only: bool = False) -> DiscoveredService | None:
+    """The first coordinator that answers within ``timeout_s``, or None.
+
+    ``joinable_only``: only coordinators whose advert carries an http(s) base URL
+    (:attr:`ServiceAdvert.coordinator_url`), which a node can join.
+    """
+    found = await browse(timeout_s, role="coordinator", config=config, first_only=True,
+                         accept=_joinable if joinable_only else None)
     return found[0] if found else None
+
+
+async def find_coordinators(timeout_s: float, config: DiscoveryConfig | None = None, *,
+                            joinable_only: bool = False) -> list[DiscoveredService]:
+    """Every coordinator that answers within ``timeout_s`` (this waits the whole time)."""
+    return await browse(timeout_s, role="coordinator", config=config, accept=_joinable if joinable_only else None)

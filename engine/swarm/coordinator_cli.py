@@ -63,10 +63,16 @@ async def _serve(args) -> int:
     advertiser = None
     if args.lan:
         from engine import __version__
-        from engine.net.discovery import LanAdvertiser, ServiceAdvert
+        from engine.net.discovery import DiscoveryConfig, LanAdvertiser, ServiceAdvert, reachable_address
 
+        # advertise an address other machines can reach, never the wildcard 0.0.0.0
+        discovery = DiscoveryConfig.from_env()
+        if args.host.startswith("127.") and not discovery.loopback_only:
+            log.warning("advertising a coordinator that listens on %s only: other machines cannot join it "
+                        "(use --host 0.0.0.0)", args.host)
+        url = f"http://{reachable_address(discovery, args.host)}:{url.rsplit(':', 1)[1]}"
         advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
-                                                 signalling_url=url, version=__version__))
+                                                 signalling_url=url, version=__version__), discovery)
         await advertiser.start()
     print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.scheduler.version})",
           flush=True)
@@ -87,6 +93,14 @@ async def _serve(args) -> int:
 
 
 def run(args) -> int:
+    if args.lan:
+        from engine.net.discovery import DiscoveryConfig
+
+        try:
+            DiscoveryConfig.from_env()  # a bad POLIS_LAN_* value is one clear line, before anything starts
+        except ValueError as exc:
+            print(f"polis coordinator: {exc}", file=sys.stderr)
+            return 2
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:

@@ -1,9 +1,17 @@
 """Host a coordinator inside this process, and start helper nodes, for LAN and demo swarms.
 
-``polis node --lan`` hosts a coordinator when none answers on the network (and
-advertises it with zeroconf); ``polis node --demo`` also starts one helper node
-so that a two-stage pipeline can run on one machine. It knows how to start
-these pieces, not what they do.
+``polis node --lan`` (:func:`find_or_host_lan`) browses for a coordinator with
+zeroconf for :data:`LAN_BROWSE_S` seconds and joins the first that answers;
+if none does, it hosts one (listening on every interface, or only on 127.0.0.1
+when ``POLIS_LAN_INTERFACES=loopback``) and advertises its base URL. Two nodes
+started at the same moment may both host: right after advertising, a hosting
+node browses again for :data:`LAN_RECHECK_S` seconds and, if it sees another
+coordinator with a smaller run id, withdraws its own and joins that one, so
+both converge on one coordinator. (A node that starts hosting more than
+``LAN_RECHECK_S`` seconds after the other's advert appeared would have found it
+in its first browse.) ``polis node --demo`` also starts one helper node so that
+a two-stage pipeline can run on one machine. It knows how to start these
+pieces, not what they do.
 """
 
 from __future__ import annotations
@@ -18,6 +26,11 @@ from engine.self_command import polis_command
 
 log = logging.getLogger(__name__)
 
+#: Seconds ``--lan`` browses for a coordinator before hosting one.
+LAN_BROWSE_S = 5.0
+#: Seconds a node that has just started hosting browses again for a rival coordinator.
+LAN_RECHECK_S = 3.0
+
 
 class HostedCoordinator:
     """A coordinator on this process's loop, plus its LAN advert when there is one."""
@@ -26,10 +39,18 @@ class HostedCoordinator:
         self.coordinator = coordinator
         self.advertiser = advertiser
 
+    @property
+    def run_id(self) -> str:
+        return self.coordinator.run_id
+
     async def stop(self) -> None:
-        if self.advertiser is not None:
-            await self.advertiser.close()
-        await self.coordinator.stop()
+        """Withdraw the advert (zeroconf sends a goodbye) first, then stop serving."""
+        advertiser, self.advertiser = self.advertiser, None
+        try:
+            if advertiser is not None:
+                await advertiser.close()
+        finally:
+            await self.coordinator.stop()
 
 
 def _data_dir(args) -> Path:
@@ -40,30 +61,79 @@ def _data_dir(args) -> Path:
     return user_data_dir()
 
 
-async def host_local_coordinator(args, lan: bool) -> tuple[HostedCoordinator, str]:
-    """Start a coordinator for a swarm on this machine (``lan``: reachable and advertised on the LAN)."""
+async def host_local_coordinator(args, lan: bool, discovery=None) -> tuple[HostedCoordinator, str]:
+    """Start a coordinator for a swarm on this machine (``lan``: reachable and advertised on the LAN).
+
+    ``discovery`` (a ``DiscoveryConfig``; default: from the environment) says which
+    interfaces the LAN coordinator listens on and is advertised on. The URL returned
+    is the advertised one (what other nodes join), or ``http://127.0.0.1:PORT``.
+    ``args.lan_port`` (0 or missing: any free port) fixes its port.
+    """
     from engine.paths import base_checkpoint_dir
     from engine.swarm.coordinator import Coordinator, CoordinatorConfig
 
     base = args.checkpoint or str(base_checkpoint_dir())
     db = _data_dir(args) / ("lan-coordinator.db" if lan else "demo-coordinator.db")
-    coordinator = Coordinator(CoordinatorConfig(db_path=str(db), base_checkpoint=base,
-                                                host="0.0.0.0" if lan else "127.0.0.1", port=0))
-    url = await coordinator.start()
-    advertiser = None
+    db.parent.mkdir(parents=True, exist_ok=True)
     if lan:
-        import socket
+        from engine.net.discovery import DiscoveryConfig
 
-        from engine.net.discovery import LanAdvertiser, ServiceAdvert
+        discovery = discovery or DiscoveryConfig.from_env()
+        listen = discovery.listen_host
+    else:
+        listen = "127.0.0.1"
+    coordinator = Coordinator(CoordinatorConfig(db_path=str(db), base_checkpoint=base, host=listen,
+                                                port=int(getattr(args, "lan_port", 0) or 0) if lan else 0))
+    url = await coordinator.start()
+    if not lan:
+        return HostedCoordinator(coordinator), url
+    hosted = HostedCoordinator(coordinator)
+    try:
+        from engine.net.discovery import LanAdvertiser, ServiceAdvert, reachable_address
 
         port = int(url.rsplit(":", 1)[1])
-        host = socket.gethostbyname(socket.gethostname())
-        url = f"http://{host}:{port}"
-        advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
-                                                 signalling_url=url, version=__version__))
-        await advertiser.start()
-        log.info("hosting a LAN coordinator at %s (advertised with zeroconf)", url)
-    return HostedCoordinator(coordinator, advertiser), url
+        url = f"http://{reachable_address(discovery, listen)}:{port}"
+        hosted.advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
+                                                        signalling_url=url, version=__version__), discovery)
+        await hosted.advertiser.start()
+    except BaseException:
+        await hosted.stop()
+        raise
+    log.info("hosting a LAN coordinator at %s (advertised with zeroconf as %s)", url, discovery.service_type)
+    return hosted, url
+
+
+async def find_or_host_lan(args, discovery=None, on_progress=None) -> tuple[HostedCoordinator | None, str]:
+    """``--lan``: the coordinator URL to join, and the coordinator this process hosts (None if it joined one).
+
+    ``on_progress(message)`` hears what is happening, in words for the user.
+    """
+    from engine.net.discovery import DiscoveryConfig, find_coordinator, find_coordinators
+
+    discovery = discovery or DiscoveryConfig.from_env()
+    say = on_progress or (lambda message: None)
+    found = await find_coordinator(LAN_BROWSE_S, discovery, joinable_only=True)
+    if found is not None:
+        url = found.advert.coordinator_url
+        say(f"joining the coordinator at {url} (found on the LAN)")
+        return None, url
+    hosted, url = await host_local_coordinator(args, lan=True, discovery=discovery)
+    try:
+        rivals = [s for s in await find_coordinators(LAN_RECHECK_S, discovery, joinable_only=True)
+                  if s.advert.peer_id != hosted.run_id]
+    except BaseException:
+        await hosted.stop()
+        raise
+    winner = min(rivals, key=lambda s: s.advert.peer_id, default=None)
+    if winner is not None and winner.advert.peer_id < hosted.run_id:
+        log.info("another coordinator (run %s) started at the same time; withdrawing ours (run %s)",
+                 winner.advert.peer_id, hosted.run_id)
+        await hosted.stop()
+        url = winner.advert.coordinator_url
+        say(f"joining the coordinator at {url} (found on the LAN; it started at the same time as ours)")
+        return None, url
+    say(f"no coordinator answered on the LAN; hosting one at {url}")
+    return hosted, url
 
 
 def spawn_helper_node(url: str, args) -> subprocess.Popen:

@@ -1,8 +1,11 @@
 """``polis node``: run a node from the command line, optionally supervised over JSON lines.
 
 Swarm choice (exactly one): ``--coordinator URL``; ``--lan`` (find a coordinator
-with zeroconf, or host one if none answers); ``--demo`` (host a local
-coordinator plus one helper node so a two-stage swarm runs on this machine).
+with zeroconf, or host one if none answers, see ``engine.swarm.local_swarm``;
+``POLIS_LAN_INTERFACES`` and ``POLIS_LAN_SERVICE_TYPE`` restrict it, see
+``engine.net.discovery``); ``--demo`` (host a local coordinator plus one helper
+node so a two-stage swarm runs on this machine). With ``--lan`` the node says on
+stderr (and as a ``log`` event) which coordinator it joined or hosts.
 
 With ``--control stdio`` the node speaks ``engine.control_protocol``: commands
 on stdin, events on stdout (logs on stderr). It starts contributing at once;
@@ -34,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     swarm.add_argument("--coordinator", metavar="URL", help="coordinator to join, e.g. http://10.0.0.5:8700")
     swarm.add_argument("--lan", action="store_true", help="find a coordinator on the LAN (host one if none)")
     swarm.add_argument("--demo", action="store_true", help="host a local two-stage demo swarm on this machine")
+    parser.add_argument("--lan-port", type=int, default=0, metavar="PORT",
+                        help="with --lan: port of the coordinator this node hosts if none answers (default: any free)")
     parser.add_argument("--control", choices=["stdio", "none"], default="none",
                         help="stdio: JSON-lines commands on stdin, events on stdout (for the desktop app)")
     parser.add_argument("--backend", default="auto", help="stage backend: auto, torch or mlx (default: auto)")
@@ -87,15 +92,20 @@ async def _find_or_host(args, control: StdioControl, stack: list) -> str:
     if args.coordinator:
         return args.coordinator
     if args.lan:
-        from engine.net.discovery import find_coordinator
+        from engine.swarm.local_swarm import find_or_host_lan
+
+        def progress(message: str) -> None:
+            print(f"polis node: {message}", file=sys.stderr, flush=True)
+            control.emit("log", level="info", message=message[0].upper() + message[1:] + ".")
 
         control.emit("state", state="connecting", detail="looking for a coordinator on the local network")
-        found = await find_coordinator(5.0)
-        if found is not None:
-            return found.advert.signalling_url
+        hosted, url = await find_or_host_lan(args, on_progress=progress)
+        if hosted is not None:
+            stack.append(hosted)
+        return url
     from engine.swarm.local_swarm import host_local_coordinator
 
-    coordinator, url = await host_local_coordinator(args, lan=args.lan)
+    coordinator, url = await host_local_coordinator(args, lan=False)
     stack.append(coordinator)
     if args.demo:
         from engine.swarm.local_swarm import spawn_helper_node
@@ -113,8 +123,32 @@ async def _main(args) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else None
     identity = load_or_create_identity(IdentityStoreConfig(username=args.identity, fallback_dir=data_dir))
     stack: list = []
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    node = None
+
+    def request_stop() -> None:
+        stopping.set()
+        if node is not None:
+            node.request_stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # early: a stop while finding or hosting still cleans up
+        try:
+            loop.add_signal_handler(sig, request_stop)
+        except (NotImplementedError, RuntimeError):
+            pass
     try:
-        url = await _find_or_host(args, control, stack)
+        finding = loop.create_task(_find_or_host(args, control, stack), name="polis-find-swarm")
+        stopper = loop.create_task(stopping.wait(), name="polis-stop-wait")
+        await asyncio.wait({finding, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not finding.done():
+            finding.cancel()
+            await asyncio.gather(finding, return_exceptions=True)
+            return 0
+        url = finding.result()
+        if stopping.is_set():
+            return 0
         config = NodeConfig(coordinator_url=url, backend=args.backend, device=args.device,
                             base_checkpoint=args.checkpoint, data_dir=args.data_dir,
                             cpu_threads=limits.get("cpu_threads"), max_layers=args.max_layers,
@@ -124,7 +158,6 @@ async def _main(args) -> int:
         control.emit("hello", version=__version__, peer_id=identity.peer_id, fingerprint=identity.fingerprint,
                      key_storage=identity.storage, key_storage_note=identity.storage_note,
                      device=node.rt.device_description, backend=node.rt.backend_name, memory_gb=None)
-        loop = asyncio.get_running_loop()
 
         def on_command(command: dict) -> None:
             cmd = command["cmd"]
@@ -142,11 +175,6 @@ async def _main(args) -> int:
 
         if control.enabled:
             control.start_reader(loop, on_command, node.request_stop)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, node.request_stop)
-            except (NotImplementedError, RuntimeError):
-                pass
         await node.run()
         return 0
     finally:
@@ -170,6 +198,17 @@ def run(args) -> int:
     if not (args.coordinator or args.lan or args.demo):
         print("polis node: choose a swarm: --coordinator URL, --lan or --demo", file=sys.stderr)
         return 2
+    if not 0 <= args.lan_port <= 65535:
+        print("polis node: --lan-port must be in 0-65535 (0: any free port)", file=sys.stderr)
+        return 2
+    if args.lan:
+        from engine.net.discovery import DiscoveryConfig
+
+        try:
+            DiscoveryConfig.from_env()  # a bad POLIS_LAN_* value is one clear line, before anything starts
+        except ValueError as exc:
+            print(f"polis node: {exc}", file=sys.stderr)
+            return 2
     try:
         return asyncio.run(_main(args))
     except KeyboardInterrupt:
