@@ -5,10 +5,11 @@
 * **generation** — keeps ``generations_in_flight`` jobs (``prompts_per_job`` prompts x G samples)
   on every complete pipeline route, while the replay buffer is not full;
 * **scoring** — rewards are computed here from the returned token ids (never
-  trusted from a node), group advantages, zero-variance groups skipped; every
+  trusted from a node), group advantages; every
   completed rollout is written to SQLite at once, so none is ever lost;
-* **training** — when enough fresh groups are ready (stale ones dropped by the
-  staleness bound), one step: micro-batches spread over the routes (data
+* **training** — when ``prompts_per_step`` fresh groups are ready (stale ones dropped
+  by the staleness bound), the ones with signal (not all rewards equal) make a batch, as
+  in the in-process trainer: micro-batches spread over the routes (data
   parallel across replica pipelines), then ``apply`` to every trainer, then the
   version advances (monotonically, recorded in the database);
 * **evals** — greedy decoding of the held-out split at the start, every
@@ -223,22 +224,19 @@ class RunScheduler(StepRunner):
         g = self.run.group_size
         rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m["tokens"][k * g:(k + 1) * g]]
                             for k, prompt in enumerate(job.prompts)])
-        adv, keep = group_advantages(rewards, scale_by_std=self.run.objective.scale_by_std)
+        adv, _ = group_advantages(rewards, scale_by_std=self.run.objective.scale_by_std)
         min_version = min(m["versions"])
         rows = []
         for k, prompt in enumerate(job.prompts):
             sl = slice(k * g, (k + 1) * g)
-            state = "ready" if keep[k] else "dropped"  # a zero-variance group is kept, but not trained on
             rows += [dict(group_id=f"{job.job}:{k}", prompt=prompt, tokens=t, behaviour_logprobs=lp,
-                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a),
-                          state=state)
+                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a))
                      for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         self.stats["completion_tokens"] += sum(len(t) for t in m["tokens"])
         self.stats["reward_sum"] += float(rewards.sum())
         self.stats["reward_count"] += rewards.size
-        self.stats["zero_variance_groups"] += int((~keep).sum())
 
     def on_job_failed(self, job_id: str, reason: str) -> None:
         self._fail_job(job_id, reason)

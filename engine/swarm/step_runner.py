@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from engine.rl.batch import build_batch
+from engine.rl.objective import group_advantages
 from engine.rl.rollout import Group, Sample
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,17 @@ class StepRunner:
             by_group[r.group_id].append(r)
         complete = [g for g in by_group.values() if len(g) == self.run.group_size][: self.run.prompts_per_step]
         if len(complete) < self.run.prompts_per_step:
+            return None
+        # As in the in-process trainer, a batch is prompts_per_step groups and the ones whose
+        # rewards are all equal (no signal) are left out of it, so the batch rows per update,
+        # and the samples per version, are the trainer's.
+        _, keep = group_advantages(np.asarray([[r.reward for r in g] for g in complete]))
+        idle = [r.id for g, k in zip(complete, keep) if not k for r in g]
+        if idle:
+            self.store.mark_rollouts(idle, "dropped")
+            self.stats["zero_variance_groups"] += int((~keep).sum())
+        complete = [g for g, k in zip(complete, keep) if k]
+        if not complete:
             return None
         groups, advantages, ids = [], [], []
         for rollouts in complete:

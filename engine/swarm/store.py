@@ -141,27 +141,22 @@ class Store:
 
     # -- rollouts (replay buffer contents) -----------------------------------------
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
-        """Insert scored samples; each dict has the fields of :class:`StoredRollout` but ``id``,
-        and optionally ``state`` (default ``'ready'``; e.g. ``'dropped'`` for a group that
-        carries no learning signal but must still be kept)."""
+        """Insert scored samples (state 'ready'); each dict has the fields of
+        :class:`StoredRollout` but ``id``."""
         ids, groups = [], []
         now = time.time()
         self._db.execute("BEGIN")
         try:
             for r in rollouts:
-                state = r.get("state", "ready")
-                if state not in ROLLOUT_STATES:
-                    raise ValueError(f"unknown rollout state {state!r}")
                 cur = self._db.execute(
                     "INSERT INTO rollouts(group_id, prompt, tokens, behaviour_logprobs, versions, min_version, "
-                    "reward, advantage, created_at, state) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "reward, advantage, created_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (r["group_id"], r["prompt"], json.dumps([int(t) for t in r["tokens"]]),
                      np.asarray(r["behaviour_logprobs"], dtype=np.float32).tobytes(),
                      json.dumps([int(v) for v in r["versions"]]), int(r["min_version"]),
-                     float(r["reward"]), float(r["advantage"]), now, state))
+                     float(r["reward"]), float(r["advantage"]), now))
                 ids.append(int(cur.lastrowid))
-                if state == "ready":
-                    groups.append(r["group_id"])
+                groups.append(r["group_id"])
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
