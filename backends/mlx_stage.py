@@ -166,10 +166,12 @@ class MLXStage:
             self._vocab_size = config.vocab_size
             self._params = params
             opt = optimizer or OptimizerConfig()
-            self._optimizer = optim.AdamW(learning_rate=opt.lr, betas=[opt.beta1, opt.beta2], eps=opt.eps,
-                                          weight_decay=opt.weight_decay, bias_correction=True)
-            self._optimizer.init(self._params)
-            mx.eval(self._params, self._optimizer.state)
+            self._optimizer = None
+            if opt.trainable:
+                self._optimizer = optim.AdamW(learning_rate=opt.lr, betas=[opt.beta1, opt.beta2], eps=opt.eps,
+                                              weight_decay=opt.weight_decay, bias_correction=True)
+                self._optimizer.init(self._params)
+                mx.eval(self._params, self._optimizer.state)
             log.info("loaded %s on mlx %s: %d tensors, %d parameters", spec.describe(config.num_hidden_layers),
                      self.device, len(params), sum(a.size for a in params.values()))
 
@@ -315,6 +317,8 @@ class MLXStage:
         with self._on_stream():
             if not math.isfinite(grad_scale):
                 raise BackendError(f"grad_scale must be finite, got {grad_scale!r}")
+            if self._optimizer is None:
+                raise BackendError("this stage was loaded for inference only (no optimiser)")
             if not self._grads:
                 log.debug("step() with no gradients: nothing to do")
                 return

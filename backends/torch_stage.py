@@ -123,8 +123,11 @@ class TorchStage:
         self._params = dict(module.named_parameters())
         self._config, self.spec = config, spec
         opt = optimizer or OptimizerConfig()
-        self._optimizer = torch.optim.AdamW(list(self._params.values()), lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                            eps=opt.eps, weight_decay=opt.weight_decay)
+        self._optimizer = None
+        if opt.trainable:
+            self._optimizer = torch.optim.AdamW(list(self._params.values()), lr=opt.lr,
+                                                betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                                                weight_decay=opt.weight_decay)
         self._caches.clear()
         self._keys.clear()
         log.info("loaded stage %d/%d (%s) on %s: %d tensors", spec.stage_index + 1, spec.num_stages,
@@ -239,6 +242,8 @@ class TorchStage:
             for p in self._params.values():
                 if p.grad is not None:
                     p.grad.mul_(grad_scale)
+        if self._optimizer is None:
+            raise BackendError("this stage was loaded for inference only (no optimiser)")
         self._optimizer.step()
         self.zero_grad()
 
