@@ -101,6 +101,9 @@ class OptimizerConfig:
     beta2: float = 0.99
     eps: float = 1e-8
     weight_decay: float = 0.0  #: decoupled weight decay (AdamW)
+    #: False: the stage only serves (inference replicas): no optimiser state is allocated
+    #: and ``step`` raises BackendError
+    trainable: bool = True
 
 
 def to_boundary(array: np.ndarray, *, tokens: bool = False) -> np.ndarray:

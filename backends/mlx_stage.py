@@ -170,10 +170,12 @@ class MLXStage:
             self._vocab_size = config.vocab_size
             self._params = params
             opt = optimizer or OptimizerConfig()
-            self._optimizer = optim.AdamW(learning_rate=opt.lr, betas=[opt.beta1, opt.beta2], eps=opt.eps,
-                                          weight_decay=opt.weight_decay, bias_correction=True)
-            self._optimizer.init(self._params)
-            mx.eval(self._params, self._optimizer.state)
+            self._optimizer = None
+            if opt.trainable:
+                self._optimizer = optim.AdamW(learning_rate=opt.lr, betas=[opt.beta1, opt.beta2], eps=opt.eps,
+                                              weight_decay=opt.weight_decay, bias_correction=True)
+                self._optimizer.init(self._params)
+                mx.eval(self._params, self._optimizer.state)
             log.info("loaded %s on mlx %s: %d tensors, %d parameters", spec.describe(config.num_hidden_layers),
                      self.device, len(params), sum(a.size for a in params.values()))
 
@@ -319,6 +321,8 @@ class MLXStage:
         with self._on_stream():
             if not math.isfinite(grad_scale):
                 raise BackendError(f"grad_scale must be finite, got {grad_scale!r}")
+            if self._optimizer is None:
+                raise BackendError("this stage was loaded for inference only (no optimiser)")
             if not self._grads:
                 log.debug("step() with no gradients: nothing to do")
                 return
@@ -330,6 +334,8 @@ class MLXStage:
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """AdamW state in the ``backends.optimizer_state`` format; every ``.step`` is the stage's step count."""
         with self._on_stream():
+            if self._optimizer is None:
+                raise BackendError("this stage was loaded for inference only (no optimiser state)")
             state = self._optimizer.state
             step = int(state["step"].item())
             return pack({n: AdamWMoments(to_boundary(np.array(state[n]["m"])), to_boundary(np.array(state[n]["v"])),
@@ -338,6 +344,8 @@ class MLXStage:
     def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace the AdamW state with ``state`` (validated whole first: on error nothing changes)."""
         with self._on_stream():
+            if self._optimizer is None:
+                raise BackendError("this stage was loaded for inference only (no optimiser state)")
             moments = unpack(state, {n: tuple(p.shape) for n, p in self._params.items()})
             steps = {m.step for m in moments.values()}
             if len(steps) > 1:

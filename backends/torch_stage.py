@@ -126,8 +126,11 @@ class TorchStage:
         self._params = dict(module.named_parameters())
         self._config, self.spec = config, spec
         opt = optimizer or OptimizerConfig()
-        self._optimizer = torch.optim.AdamW(list(self._params.values()), lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                            eps=opt.eps, weight_decay=opt.weight_decay)
+        self._optimizer = None
+        if opt.trainable:
+            self._optimizer = torch.optim.AdamW(list(self._params.values()), lr=opt.lr,
+                                                betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                                                weight_decay=opt.weight_decay)
         self._caches.clear()
         self._keys.clear()
         log.info("loaded stage %d/%d (%s) on %s: %d tensors", spec.stage_index + 1, spec.num_stages,
@@ -242,12 +245,16 @@ class TorchStage:
             for p in self._params.values():
                 if p.grad is not None:
                     p.grad.mul_(grad_scale)
+        if self._optimizer is None:
+            raise BackendError("this stage was loaded for inference only (no optimiser)")
         self._optimizer.step()
         self.zero_grad()
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """AdamW state in the ``backends.optimizer_state`` format (never-stepped parameters: zeros, step 0)."""
         self._check_loaded()
+        if self._optimizer is None:
+            raise BackendError("this stage was loaded for inference only (no optimiser state)")
         moments = {}
         for name, p in self._params.items():
             s = self._optimizer.state.get(p)
@@ -261,6 +268,8 @@ class TorchStage:
     def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Replace the AdamW state with ``state`` (validated whole first: on error nothing changes)."""
         self._check_loaded()
+        if self._optimizer is None:
+            raise BackendError("this stage was loaded for inference only (no optimiser state)")
         moments = unpack(state, {n: tuple(p.shape) for n, p in self._params.items()})
         saved = self._optimizer.state_dict()  # param_groups index parameters in the order given to AdamW
         saved["state"] = {i: {"step": torch.tensor(float(m.step)), "exp_avg": torch.from_numpy(m.exp_avg),

@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "rl": ("engine.bench.rl", "RL: sync vs stale/corrected vs controls, from the base checkpoint"),
     "transport": ("engine.bench.transport", "WebRTC transport: goodput, latency, codecs, WAN"),
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
+    "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
 }
 
 #: module -> packages it needs beyond what contributing needs; the installed desktop app

@@ -9,8 +9,9 @@ and whatever one round drops is still in the next round's delta.
 
 ``WeightDelta`` is the message: a sequence number and one encoded tensor per
 name, with :meth:`WeightDelta.to_wire` / :meth:`WeightDelta.from_wire` for a
-``(header, payload)`` frame. A receiver refuses a delta out of sequence (it must
-resync from full weights instead).
+``(header, payload)`` frame. A receiver refuses a delta out of sequence
+(:class:`OutOfSequence`: it must resync from full weights instead), and a delta
+whose sum would not be finite; a refused delta leaves its shadow untouched.
 
 What this module does not know: links, framing, or where weights come from.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
@@ -26,6 +28,10 @@ import numpy as np
 from engine.net.codec_checks import require_exact_keys
 from engine.net.errors import WireFormatError
 from engine.net.tensor_codec import DEFAULT_MAX_ELEMENTS, EncodedTensor, decode_tensor, encode_tensor
+
+class OutOfSequence(WireFormatError):
+    """A delta that does not follow the last one applied: the shadows no longer agree."""
+
 
 #: Most tensors in one delta message.
 MAX_TENSORS = 4096
@@ -105,7 +111,9 @@ class DeltaSender:
             encoded = encode_tensor(delta, self.encoding, **self.params)
             decoded = decode_tensor(encoded.header, encoded.payload,
                                     max_elements=max(1, shadow.size), expected_shape=shadow.shape)
-            self._shadow[name] = shadow + decoded
+            updated = shadow + decoded
+            updated.flags.writeable = False
+            self._shadow[name] = updated
             tensors[name] = encoded
         message = WeightDelta(seq=self._seq, tensors=tensors)
         self._seq += 1
@@ -115,6 +123,11 @@ class DeltaSender:
     def shadow(self) -> dict[str, np.ndarray]:
         """A copy of the weights as the receiver holds them."""
         return _copy_weights(self._shadow)
+
+    @property
+    def shadow_view(self) -> Mapping[str, np.ndarray]:
+        """The shadow itself, read-only and without a copy (its arrays are not writeable)."""
+        return MappingProxyType(self._shadow)
 
 
 class DeltaReceiver:
@@ -128,20 +141,32 @@ class DeltaReceiver:
 
     def apply(self, delta: WeightDelta) -> dict[str, np.ndarray]:
         """Validate every tensor first, then apply all of them; returns the new weights (copies)."""
+        self.apply_updates(delta)
+        return self.weights
+
+    def apply_updates(self, delta: WeightDelta) -> dict[str, np.ndarray]:
+        """Like :meth:`apply`, but returns only the tensors the delta changed (copies)."""
         if delta.seq != self._next_seq:
-            raise WireFormatError(f"weight delta seq {delta.seq}, expected {self._next_seq}: resync needed")
-        decoded: dict[str, np.ndarray] = {}
+            raise OutOfSequence(f"weight delta seq {delta.seq}, expected {self._next_seq}: resync needed")
+        updated: dict[str, np.ndarray] = {}
         for name, encoded in delta.tensors.items():
             shadow = self._shadow.get(name)
             if shadow is None:
                 raise WireFormatError(f"weight delta for unknown tensor {name[:40]!r}")
-            decoded[name] = decode_tensor(encoded.header, encoded.payload,
-                                          max_elements=min(self._max_elements, max(1, shadow.size)),
-                                          expected_shape=shadow.shape, expected_dtype="float32")
-        for name, value in decoded.items():
-            self._shadow[name] = self._shadow[name] + value
+            value = decode_tensor(encoded.header, encoded.payload,
+                                  max_elements=min(self._max_elements, max(1, shadow.size)),
+                                  expected_shape=shadow.shape, expected_dtype="float32")
+            with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+                updated[name] = shadow + value
+            if not np.isfinite(updated[name]).all():
+                raise WireFormatError(f"weight delta for {name[:40]!r} makes the weights non-finite")
+        self._shadow.update(updated)
         self._next_seq += 1
-        return self.weights
+        return _copy_weights(updated)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
 
     @property
     def weights(self) -> dict[str, np.ndarray]:

@@ -1,13 +1,20 @@
 """Stage assignment: which pipeline stage each node serves.
 
 Pure bookkeeping, no I/O: the coordinator calls :func:`assign_new_node` when a
-node joins and :func:`rebalance` whenever membership changes. Rules:
+node joins and :func:`rebalance` whenever membership changes. A node is a
+*trainer* (generates and trains its stage) or an *inference* replica (holds a
+stage without optimiser state, only generates, and follows a trainer's weight
+stream). Rules:
 
-* a joining node takes the stage with the fewest replicas (ties: the lowest
+* a joining trainer takes the stage with the fewest trainers (ties: the lowest
   stage index, so a pipeline is completed front to back);
-* when a stage has no replica left and another stage has two or more, one node
-  moves from the most-covered stage to the empty one (the moved node reloads its
-  weights from the stage checkpoint or a replica of its new stage);
+* a joining inference replica takes the stage with the fewest generation-capable
+  replicas (trainers and inference replicas together; same tie rule);
+* coverage counts trainers only: a stage served only by inference replicas cannot
+  train, so when a stage has no trainer left and another stage has two or more,
+  one trainer moves from the most-covered stage to the empty one (the moved node
+  reloads its weights from the stage checkpoint or a replica of its new stage);
+  inference replicas are never moved;
 * nodes that cannot hold a stage (``max_layers`` smaller than the stage) are
   never assigned to it.
 
@@ -27,6 +34,12 @@ class NodeSlot:
     stage: int | None = None
     #: most decoder layers this node can hold (memory limit); None = no limit
     max_layers: int | None = None
+    #: "trainer" (generates and trains) or "inference" (generates only; never counts as coverage)
+    role: str = "trainer"
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.role == "trainer"
 
 
 @dataclass
@@ -40,19 +53,24 @@ class Assignment:
     def num_stages(self) -> int:
         return len(self.stage_layers)
 
-    def replicas(self) -> list[list[str]]:
-        """Peer ids serving each stage, sorted for determinism."""
+    def replicas(self, role: str | None = "trainer") -> list[list[str]]:
+        """Peer ids serving each stage with ``role`` (None: any role), sorted for determinism."""
         out: list[list[str]] = [[] for _ in range(self.num_stages)]
         for slot in self.nodes.values():
-            if slot.stage is not None:
+            if slot.stage is not None and (role is None or slot.role == role):
                 out[slot.stage].append(slot.peer_id)
         return [sorted(ids) for ids in out]
 
     def coverage(self) -> list[int]:
+        """Trainers per stage (inference replicas never count)."""
         return [len(ids) for ids in self.replicas()]
 
+    def generation_coverage(self) -> list[int]:
+        """Generation-capable replicas (trainers and inference replicas) per stage."""
+        return [len(ids) for ids in self.replicas(None)]
+
     def complete(self) -> bool:
-        """True when every stage has at least one replica (a pipeline can run)."""
+        """True when every stage has at least one trainer (a training pipeline can run)."""
         return all(self.coverage())
 
     def _fits(self, slot: NodeSlot, stage: int) -> bool:
@@ -60,9 +78,14 @@ class Assignment:
 
 
 def assign_new_node(assignment: Assignment, slot: NodeSlot) -> int | None:
-    """Add ``slot`` and give it the least-covered stage it can hold; ``None`` if none fits."""
+    """Add ``slot`` and give it the least-covered stage it can hold; ``None`` if none fits.
+
+    Trainers go where trainers are fewest, inference replicas where generation-capable
+    replicas are fewest.
+    """
     assignment.nodes[slot.peer_id] = slot
-    coverage = assignment.coverage()
+    slot.stage = None
+    coverage = assignment.coverage() if slot.is_trainer else assignment.generation_coverage()
     candidates = [s for s in range(assignment.num_stages) if assignment._fits(slot, s)]
     if not candidates:
         slot.stage = None
@@ -76,7 +99,7 @@ def remove_node(assignment: Assignment, peer_id: str) -> None:
 
 
 def rebalance(assignment: Assignment) -> list[tuple[str, int, int]]:
-    """Move nodes into empty stages; returns ``(peer_id, old_stage, new_stage)`` moves."""
+    """Move trainers into stages without one; returns ``(peer_id, old_stage, new_stage)`` moves."""
     moves: list[tuple[str, int, int]] = []
     while True:
         replicas = assignment.replicas()

@@ -6,7 +6,11 @@ One aiohttp application serves:
 * ``/node`` — each node's control websocket: a signed challenge proves the
   node's identity, then the coordinator assigns a stage (least-covered first),
   says where to load it from (keep / stage checkpoint / a live replica), and
-  exchanges job messages (``engine.swarm.messages``) with it;
+  exchanges job messages (``engine.swarm.messages``) with it. A node is a
+  trainer or, as its signed hello says, an inference replica: inference
+  replicas serve generation routes only (training routes, ``apply`` and replica
+  checksums use trainers), load from their stage's leader trainer and follow its
+  weight stream (``engine.swarm.stream_book`` keeps the figures);
 * ``/api/stats`` (GET) — JSON for the GUI and ``polis demo``; ``/api/eval`` and
   ``/api/finish`` (POST, admin token) — ask for an eval / end training.
 
@@ -45,6 +49,7 @@ from engine.swarm.node import hello_bytes
 from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.scheduler import RunScheduler
 from engine.swarm.store import Store
+from engine.swarm.stream_book import StreamBook
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,7 @@ class NodeSession:
     ready: bool = False
     version: int = 0
     joined: float = field(default_factory=time.time)
+    role: str = "trainer"  #: "trainer" or "inference" (generation only)
 
 
 class Coordinator:
@@ -110,8 +116,10 @@ class Coordinator:
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)
         self.sessions: dict[str, NodeSession] = {}
         self.signalling = SignallingServer()
+        self.streams = StreamBook()
         self.scheduler = RunScheduler(self.run, self.store, self.codec, self.send, self.routes, self.stage_replicas,
-                                      config.job_timeout_s, config.step_timeout_s)
+                                      config.job_timeout_s, config.step_timeout_s, gen_routes=self.gen_routes,
+                                      inference_replicas=self.inference_replicas)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -169,20 +177,33 @@ class Coordinator:
                 await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ topology
-    def stage_replicas(self) -> list[list[str]]:
+    def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
+        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
         out: list[list[str]] = [[] for _ in range(self.num_stages)]
         for s in self.sessions.values():
-            if s.ready and s.stage is not None:
+            if s.ready and s.stage is not None and (role is None or s.role == role):
                 out[s.stage].append(s.peer_id)
         return [sorted(ids) for ids in out]
 
-    def routes(self) -> list[list[str]]:
+    def inference_replicas(self) -> list[list[str]]:
+        return self.stage_replicas("inference")
+
+    @staticmethod
+    def _pipelines(replicas: list[list[str]]) -> list[list[str]]:
         """Complete pipelines: route r takes replica r (mod count) of every stage."""
-        replicas = self.stage_replicas()
         if not all(replicas):
             return []
         width = max(len(ids) for ids in replicas)
         return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
+
+    def routes(self) -> list[list[str]]:
+        """Training routes: trainers only."""
+        return self._pipelines(self.stage_replicas())
+
+    def gen_routes(self) -> list[list[str]]:
+        """Generation routes: any ready replica of each stage (trainers, then inference replicas)."""
+        trainers, inference = self.stage_replicas(), self.inference_replicas()
+        return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
     async def send(self, peer_id: str, message: dict) -> bool:
         session = self.sessions.get(peer_id)
@@ -200,18 +221,23 @@ class Coordinator:
         for s in self.sessions.values():
             if s.stage is not None:
                 members[s.stage].append(s.peer_id)
-        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.scheduler.version}
+        inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
+        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.scheduler.version,
+                   "inference": inference}
         for peer in list(self.sessions):
             await self.send(peer, message)
 
     def _welcome(self, session: NodeSession, stage: int, hello: dict) -> dict:
         spec = self.specs[stage]
-        ready = [p for p in self.stage_replicas()[stage] if p != session.peer_id]
+        trainers = [p for p in self.stage_replicas()[stage] if p != session.peer_id]
+        ready = trainers or [p for p in self.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello["stage"] == stage and hello["num_stages"] == self.num_stages
                 and hello["run_id"] == self.run_id)
         source, source_peer, checkpoint = "checkpoint", None, None
         if keep:
             source = "keep"
+        elif session.role == "inference" and trainers:
+            source, source_peer = "peer", trainers[0]  # the stage leader, who then streams deltas to it
         elif ready and self.scheduler.version > 0:
             source, source_peer = "peer", ready[0]
         else:
@@ -279,8 +305,9 @@ class Coordinator:
         if old is not None:
             remove_node(self.assignment, peer_id)
             await old.ws.close()
-        session = NodeSession(peer_id, ws, hello["backend"], hello["device"])
-        slot = NodeSlot(peer_id, max_layers=hello["max_layers"])
+        role = hello.get("role", "trainer")
+        session = NodeSession(peer_id, ws, hello["backend"], hello["device"], role=role)
+        slot = NodeSlot(peer_id, max_layers=hello["max_layers"], role=role)
         preferred = hello["stage"]
         if preferred is not None and hello["run_id"] == self.run_id and hello["num_stages"] == self.num_stages:
             self.assignment.nodes[peer_id] = slot
@@ -304,10 +331,11 @@ class Coordinator:
         session.stage = stage
         self.sessions[peer_id] = session
         self.store.upsert_peer(peer_id, hello["public_key"], backend=hello["backend"], device=hello["device"],
-                               stage=stage)
+                               stage=stage, role=role)
         await ws.send_json(welcome)
         await self._broadcast_members()
-        log.info("node %s joins stage %d (%s, from %s)", peer_id, stage, hello["backend"], welcome["source"])
+        log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello["backend"],
+                 welcome["source"])
         return session
 
     def _on_node_message(self, session: NodeSession, m: dict) -> None:
@@ -331,16 +359,37 @@ class Coordinator:
         elif kind == "mb_failed":
             sched.on_mb_failed(session.peer_id, m)
         elif kind == "stepped":
+            if session.role != "trainer":
+                raise ProtocolViolation("'stepped' from an inference replica")
             session.version = m["version"]
             sched.on_stepped(session.peer_id, m)
+        elif kind == "streamed":
+            self._on_streamed(session, m)
+        elif kind == "served":
+            if session.role != "inference":
+                raise ProtocolViolation("'served' from a trainer")
+            session.version = m["version"]
+            self.streams.on_served(session.peer_id, session.stage, m)
         elif kind == "report":
             self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
         elif kind == "hello":
             raise ProtocolViolation("hello twice")
 
+    def _on_streamed(self, session: NodeSession, m: dict) -> None:
+        """A leader's stream report: every replica it names must be an inference replica of its stage."""
+        if session.role != "trainer":
+            raise ProtocolViolation("'streamed' from an inference replica")
+        for entry in m["streams"]:
+            target = self.sessions.get(entry["peer"])
+            if target is None or target.role != "inference" or target.stage != session.stage:
+                raise ProtocolViolation(f"'streamed' names {entry['peer']}, not an inference replica of "
+                                        f"stage {session.stage}")
+        self.streams.on_streamed(session.peer_id, session.stage, m["version"], m["streams"])
+
     async def _node_left(self, session: NodeSession) -> None:
         del self.sessions[session.peer_id]
         remove_node(self.assignment, session.peer_id)
+        self.streams.forget(session.peer_id)
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.scheduler.on_node_lost(session.peer_id)
         for peer_id, old_stage, new_stage in rebalance(self.assignment):
@@ -377,14 +426,17 @@ class Coordinator:
     def stats(self) -> dict[str, Any]:
         sched = self.scheduler
         replicas = self.stage_replicas()
+        inference = self.inference_replicas()
         ledger = self.store.ledger()
         return {
             "run_id": self.run_id, "version": sched.version, "finished": sched.finished,
             "task": self.run.task.name, "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
-                        "replicas": replicas[i]} for i, spec in enumerate(self.specs)],
+                        "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
-                       "version": s.version} for s in self.sessions.values()],
+                       "version": s.version, "role": s.role,
+                       "rollouts_scored": sched.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
+            "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": sched.eval_round is not None,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
                          for v in self.store.versions()],

@@ -5,7 +5,9 @@ Lifecycle: connect to the coordinator's ``/node`` websocket, prove the identity
 stage (from the base checkpoint, a stage checkpoint, or weights fetched from a
 replica over WebRTC), then serve jobs until told to stop. If the coordinator
 goes away the node keeps its weights and reconnects with backoff; links to
-other nodes are peer-to-peer and survive.
+other nodes are peer-to-peer and survive. A node is a trainer or (with
+``NodeConfig.inference_only``) an inference replica that only generates and
+follows its stage leader's weight stream (``engine.swarm.inference_replica``).
 
 Threads: this object lives on the asyncio loop; the stage lives on a
 :class:`~engine.swarm.compute_thread.ComputeThread` and is only touched there.
@@ -41,6 +43,7 @@ from engine.net.signalling import SignallingClient
 from engine.net.tensor_codec import decode_tensor, encode_tensor
 from engine.swarm import messages, tensor_bundle
 from engine.swarm.compute_thread import ComputeThread
+from engine.swarm.inference_replica import InferenceReplica
 from engine.swarm.node_jobs import NodeJobs
 from engine.swarm.rate_limit import TokenBucket
 from engine.swarm.replica_sync import ReplicaCompressor
@@ -73,6 +76,9 @@ class NodeConfig:
     report_every_s: how often counters go to the coordinator and stats to the supervisor.
     reconnect_max_s: longest wait between attempts to reach the coordinator.
     share_timeout_s: how long a replica waits for the others' gradients before stepping.
+    inference_only: join as an inference replica: hold one stage without optimiser state,
+      take no training work, serve generation only, and follow the stage leader's weights
+      through quantised deltas (announced to the coordinator in the signed hello).
     """
 
     coordinator_url: str
@@ -87,6 +93,7 @@ class NodeConfig:
     report_every_s: float = 2.0
     reconnect_max_s: float = 10.0
     share_timeout_s: float = 20.0
+    inference_only: bool = False
 
 
 @dataclass
@@ -110,11 +117,12 @@ class _TrainSlot:
     created: float = field(default_factory=time.monotonic)
 
 
-class Node(NodeJobs):
+class Node(NodeJobs, InferenceReplica):
     """One contributor's stage. ``await node.run()`` until :meth:`request_stop`.
 
     Connection, loading and links are here; what each job message does is in
-    :class:`~engine.swarm.node_jobs.NodeJobs`.
+    :class:`~engine.swarm.node_jobs.NodeJobs`; the weight stream to and from inference
+    replicas is in :class:`~engine.swarm.inference_replica.InferenceReplica`.
     """
 
     def __init__(self, config: NodeConfig, identity: Identity,
@@ -148,6 +156,8 @@ class Node(NodeJobs):
         self._shares: dict[int, dict[str, tuple[list, bytes]]] = {}
         self._share_event = asyncio.Event()
         self._weights_waiter: asyncio.Future | None = None
+        self._weights_from: str | None = None
+        self._init_weight_stream()
         self._compressor: ReplicaCompressor | None = None
         self._tasks: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
@@ -310,6 +320,7 @@ class Node(NodeJobs):
                 raise ConnectionError(f"coordinator refused us: {data['reason']}")
             if data["type"] == "members":
                 self.members = data["stages"]
+                self.inference_peers = set(data.get("inference") or ())
                 continue
             if data["type"] != kind:
                 raise ProtocolViolation(f"expected '{kind}', got '{data['type']}'")
@@ -325,7 +336,7 @@ class Node(NodeJobs):
                 "stage": self.spec.stage_index if self.spec else None,
                 "num_stages": self.spec.num_stages if self.spec else None,
                 "version": self.rt.version, "run_id": self.run_id,
-                "has_base": (base / "config.json").exists()}
+                "has_base": (base / "config.json").exists(), "role": self.role}
 
     def _base_dir(self) -> Path:
         if self.config.base_checkpoint:
@@ -347,22 +358,26 @@ class Node(NodeJobs):
         self.run_id = w["run_id"]
         spec = StageSpec(w["stage"], w["num_stages"], w["layer_start"], w["layer_end"])
         self.num_layers = w["num_layers"]
-        optimizer = OptimizerConfig(lr=self.run_cfg.lr)
+        optimizer = OptimizerConfig(lr=self.run_cfg.lr, trainable=self.role == "trainer")
         if self._signal is None or self._signal.url != w["signal_url"]:
             await self._start_links(w["signal_url"])
         keep = self.spec == spec and w["source"] == "keep" and self.rt.backend is not None
         if not keep:
+            await self._stream_before_load()
             self._set_state("loading", f"loading {spec.describe(self.num_layers)}")
             if w["source"] == "peer" and w["source_peer"]:
                 await self._load_from_peer(spec, w["source_peer"], optimizer)
             else:
+                # an inference replica serves as the version its files hold (rollouts carry it)
                 await self.compute.run(self.rt.load_checkpoint, self._base_dir(), spec, optimizer,
-                                       w["stage_checkpoint"] or None, w["version"])
+                                       w["stage_checkpoint"] or None,
+                                       None if self.role == "inference" else w["version"])
             self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
         self.spec = spec
         if self._compressor is None:
             self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
         self.coordinator_version = w["version"]
+        self._stream_after_load()
 
     async def _start_links(self, signal_url: str) -> None:
         if self._pm is not None:
@@ -379,9 +394,12 @@ class Node(NodeJobs):
         return any(peer_id in ids for ids in self.members) or not self.members
 
     async def _load_from_peer(self, spec: StageSpec, peer: str, optimizer: OptimizerConfig) -> None:
-        self._weights_waiter = asyncio.get_running_loop().create_future()
-        await self._send(peer, {"type": "weights_req", "stage": spec.stage_index})
-        header, payload, config_dict = await asyncio.wait_for(self._weights_waiter, 60.0)
+        waiter = self._expect_weights(peer)
+        request = {"type": "weights_req", "stage": spec.stage_index}
+        if self.role == "inference":
+            request["stream"] = True  # and follow the weight stream that starts from these weights
+        await self._send(peer, request)
+        header, payload, config_dict = await asyncio.wait_for(waiter, 60.0)
         from engine.model.config import ModelConfig
         from backends.stage_layout import plan_stage
 
@@ -391,6 +409,13 @@ class Node(NodeJobs):
         weights = tensor_bundle.unpack(header["tensors"], payload, layout.shapes, require_all=True)
         await self.compute.run(self.rt.load_weights, spec, config_dict, weights, optimizer, header["version"])
         log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header["version"], peer)
+        await self._stream_joined(peer, header, weights)
+
+    def _expect_weights(self, peer: str) -> asyncio.Future:
+        """A future for the ``weights`` message we are about to ask ``peer`` for (only its answer counts)."""
+        self._weights_waiter = asyncio.get_running_loop().create_future()
+        self._weights_from = peer
+        return self._weights_waiter
 
     # ------------------------------------------------------------------ peers
     async def _link(self, peer: str) -> PeerLink:

@@ -7,6 +7,11 @@ with zeroconf, or host one if none answers, see ``engine.swarm.local_swarm``;
 node so a two-stage swarm runs on this machine). With ``--lan`` the node says on
 stderr (and as a ``log`` event) which coordinator it joined or hosts.
 
+``--inference-only`` joins as an inference replica: the node holds one stage
+without optimiser state, takes no training work, serves generation routes only,
+and its stage's leader trainer streams it int8 weight deltas against a shared
+shadow after every step, so it never drifts (``engine.swarm.inference_replica``).
+
 With ``--control stdio`` the node speaks ``engine.control_protocol``: commands
 on stdin, events on stdout (logs on stderr). It starts contributing at once;
 ``pause`` leaves the swarm but keeps the process, ``start`` rejoins, ``stop`` (or
@@ -47,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="where this node keeps its identity and stage checkpoints")
     parser.add_argument("--identity", default="node", help="name of this node's identity (several nodes per machine)")
     parser.add_argument("--max-layers", type=int, default=None, help="most decoder layers this node may hold")
+    parser.add_argument("--inference-only", action="store_true",
+                        help="join as an inference replica: hold one stage without optimiser state, do no "
+                             "training, serve generation only, and follow the stage leader's weights through "
+                             "quantised deltas")
     parser.add_argument("--selftest", action="store_true",
                         help="load a stage of the base checkpoint, run one forward pass, print the result and exit")
     add_limit_arguments(parser)
@@ -152,7 +161,8 @@ async def _main(args) -> int:
         config = NodeConfig(coordinator_url=url, backend=args.backend, device=args.device,
                             base_checkpoint=args.checkpoint, data_dir=args.data_dir,
                             cpu_threads=limits.get("cpu_threads"), max_layers=args.max_layers,
-                            upload_mbps=limits.get("upload_mbps"), download_mbps=limits.get("download_mbps"))
+                            upload_mbps=limits.get("upload_mbps"), download_mbps=limits.get("download_mbps"),
+                            inference_only=args.inference_only)
         node = Node(config, identity, on_event=control.emit)
         await node.start_compute()
         control.emit("hello", version=__version__, peer_id=identity.peer_id, fingerprint=identity.fingerprint,

@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.swarm import tensor_bundle
+from engine.swarm.inference_replica import TRAINING_MESSAGES
 from engine.swarm.replica_sync import aggregate, dense_nbytes
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class NodeJobs:
     # ------------------------------------------------------------------ dispatch
     def _on_coordinator(self, m: dict) -> None:
         kind = m["type"]
+        if kind in TRAINING_MESSAGES and self.role != "trainer":
+            log.warning("ignored '%s': this node is an inference replica and does no training", kind)
+            return
         if kind == "gen":
             self._spawn(self._guard(self._gen_start(m), job=m["job"]), f"polis-gen-{m['job']}")
         elif kind == "train_in":
@@ -61,6 +65,7 @@ class NodeJobs:
             self._spawn(self._abort(m["step"]), f"polis-abort-{m['step']}")
         elif kind == "members":
             self.members = m["stages"]
+            self.inference_peers = set(m.get("inference") or ())
             self.coordinator_version = m["version"]
             self._connect_neighbours()
             self._emit_status()
@@ -93,6 +98,9 @@ class NodeJobs:
     def _on_peer(self, sender: str, h: dict, payload: bytes) -> None:
         kind = h["type"]
         me = self.identity.peer_id
+        if kind in ("wdelta", "wlead"):  # queued even while loading; handled once a stage is loaded
+            self._on_stream_message(sender, h, payload)
+            return
         if self.spec is None or self.rt is None or self.rt.backend is None:
             raise ProtocolViolation(f"'{kind}' arrived before this node holds a stage")
         if kind in ("act", "drop", "grad"):
@@ -139,10 +147,16 @@ class NodeJobs:
         elif kind == "weights_req":
             if h["stage"] != self.spec.stage_index or sender not in self._stage_members():
                 raise ProtocolViolation(f"weights of stage {h['stage']} asked by {sender}, not a replica of ours")
-            self._spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
+            if h.get("stream"):
+                if self.role != "trainer" or sender not in self.inference_peers:
+                    raise ProtocolViolation(f"a weight stream asked by {sender}, not an inference replica, "
+                                            f"or of a node that does not train")
+                self._spawn(self._send_stream_weights(sender), f"polis-weights-{sender[:8]}")
+            else:
+                self._spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
         elif kind == "weights":
             waiter = self._weights_waiter
-            if waiter is None or waiter.done():
+            if waiter is None or waiter.done() or sender != self._weights_from:
                 raise ProtocolViolation("unrequested weights")
             waiter.set_result((h, payload, h["config"]))
 
@@ -434,6 +448,7 @@ class NodeJobs:
         await self._send_coordinator({"type": "stepped", "step": step, "version": version, "grad_norm": norm,
                                       "checksum": checksum, "update_bytes": update_bytes, "dense_bytes": dense,
                                       "checkpoint_path": path})
+        self._spawn(self._stream_after_step(m), f"polis-wstream-{version}")
         self._emit_status()
 
     async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
@@ -463,15 +478,15 @@ class NodeJobs:
 
     # ------------------------------------------------------------------ weights between replicas
     async def _send_weights(self, peer: str) -> None:
-        state = await self.compute.run(self.rt.state_dict)
+        state, version = await self.compute.run(self.rt.snapshot)
         entries, payload = await self.compute.run(tensor_bundle.pack_arrays, state)
-        await self._send(peer, {"type": "weights", "stage": self.spec.stage_index, "version": self.rt.version,
+        await self._send(peer, {"type": "weights", "stage": self.spec.stage_index, "version": version,
                                 "config": self.rt.model_config.to_hf_dict(), "tensors": entries}, payload)
 
     async def _resync(self, source: str) -> None:
-        self._weights_waiter = asyncio.get_running_loop().create_future()
+        waiter = self._expect_weights(source)
         await self._send(source, {"type": "weights_req", "stage": self.spec.stage_index})
-        header, payload, _ = await asyncio.wait_for(self._weights_waiter, 60.0)
+        header, payload, _ = await asyncio.wait_for(waiter, 60.0)
         weights = tensor_bundle.unpack(header["tensors"], payload, await self.compute.run(self.rt.shapes),
                                        require_all=True)
         await self.compute.run(self.rt.set_weights, weights, header["version"])
@@ -558,8 +573,10 @@ class NodeJobs:
                             for e in stats["evals"][-200:]],
                       reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}
                               for v in stats["versions"][-500:]],
-                      stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]), "replicas": len(s["replicas"]),
-                               "mine": me in s["replicas"]} for s in stats["stages"]])
+                      stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]),
+                               "replicas": len(s["replicas"]) + len(s.get("inference", ())),
+                               "mine": me in s["replicas"] or me in s.get("inference", ())}
+                              for s in stats["stages"]])
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as exc:
             log.debug("no swarm stats this time: %s", exc)
 
@@ -567,11 +584,11 @@ class NodeJobs:
         if self.spec is None:
             if force:
                 self.emit("status", state=self.state, coordinator=self.config.coordinator_url, stage=None,
-                          num_stages=None, layers=None, role="trainer", peers=0, policy_version=None,
+                          num_stages=None, layers=None, role=self.role, peers=0, policy_version=None,
                           limits=self.limits)
             return
         self.emit("status", state=self.state, coordinator=self.config.coordinator_url,
                   stage=self.spec.stage_index, num_stages=self.spec.num_stages,
-                  layers=self.spec.describe(self.num_layers), role="trainer",
+                  layers=self.spec.describe(self.num_layers), role=self.role,
                   peers=len(self._pm.links) if self._pm else 0, policy_version=self.rt.version,
                   limits=self.limits)

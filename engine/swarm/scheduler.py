@@ -3,14 +3,16 @@
 :class:`RunScheduler` decides what the swarm does next and keeps the books:
 
 * **generation** — keeps ``generations_in_flight`` jobs (``prompts_per_job`` prompts x G samples)
-  on every complete pipeline route, while the replay buffer is not full;
+  on every complete generation route (any replica of each stage: trainers and inference
+  replicas), while the replay buffer is not full; each rollout keeps the version every
+  stage served it with, and staleness is counted from those;
 * **scoring** — rewards are computed here from the returned token ids (never
   trusted from a node), group advantages; every
   completed rollout is written to SQLite at once, so none is ever lost;
 * **training** — when ``prompts_per_step`` fresh groups are ready (stale ones dropped
   by the staleness bound), the ones with signal (not all rewards equal) make a batch, as
   in the in-process trainer: micro-batches spread over the routes (data
-  parallel across replica pipelines), then ``apply`` to every trainer, then the
+  parallel across the trainers' pipelines), then ``apply`` to every trainer, then the
   version advances (monotonically, recorded in the database);
 * **evals** — greedy decoding of the held-out split at the start, every
   ``eval_every_versions`` and at the end, accuracy per version.
@@ -77,14 +79,20 @@ class RunScheduler(StepRunner):
     def __init__(self, run: RunConfig, store: Store, codec: TaskCodec,
                  send: Callable[[str, dict], Awaitable[bool]], routes: Callable[[], list[list[str]]],
                  stage_replicas: Callable[[], list[list[str]]], job_timeout_s: float = 60.0,
-                 step_timeout_s: float = 120.0) -> None:
+                 step_timeout_s: float = 120.0, gen_routes: Callable[[], list[list[str]]] | None = None,
+                 inference_replicas: Callable[[], list[list[str]]] | None = None) -> None:
+        """``routes``/``stage_replicas``: trainers only (training, apply, checksums);
+        ``gen_routes``: routes for generation (default: ``routes``); ``inference_replicas``:
+        each stage's inference replicas, whom the stage leader streams weights to."""
         self.run = run
         self.store = store
         self.codec = codec
         self.task = make_task(run.task)
         self.send = send
         self.routes = routes
+        self.gen_routes = gen_routes or routes
         self.stage_replicas = stage_replicas
+        self.inference_replicas = inference_replicas or (lambda: [[] for _ in stage_replicas()])
         self.job_timeout_s = job_timeout_s
         self.step_timeout_s = step_timeout_s
         self.version = int(store.get_meta("version", 0))
@@ -101,6 +109,8 @@ class RunScheduler(StepRunner):
         self.step_log: list[dict[str, Any]] = []
         self.finished = False
         self.received_rollouts = 0
+        #: rollouts scored per peer that was on their generation route (every stage counts)
+        self.scored_by_peer: Counter = Counter()
         self._mb_events: dict[tuple[int, int, bool], asyncio.Future] = {}
         self._mb_losses: dict[int, list[dict]] = defaultdict(list)
         self._stepped: dict[int, dict[str, dict]] = defaultdict(dict)
@@ -119,11 +129,12 @@ class RunScheduler(StepRunner):
 
     async def fill_generation(self) -> None:
         """Dispatch generation (eval first) up to the in-flight budget of every route."""
-        routes = self.routes()
+        routes = self.gen_routes()
         if not routes:
             return
         load = Counter(tuple(j.route) for j in self.jobs.values())
-        for route in routes:
+        # least-loaded routes first, so that when the buffer is nearly full no route starves
+        for route in sorted(routes, key=lambda r: load[tuple(r)]):
             while load[tuple(route)] < self.run.generations_in_flight:
                 message = self._next_generation(route)
                 if message is None:
@@ -234,6 +245,8 @@ class RunScheduler(StepRunner):
                      for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
+        for peer in set(job.route):
+            self.scored_by_peer[peer] += len(rows)
         self.stats["completion_tokens"] += sum(len(t) for t in m["tokens"])
         self.stats["reward_sum"] += float(rewards.sum())
         self.stats["reward_count"] += rewards.size

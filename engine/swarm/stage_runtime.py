@@ -67,18 +67,24 @@ class StageRuntime:
         return self._create()
 
     def load_checkpoint(self, base_dir: str | Path, spec: StageSpec, optimizer: OptimizerConfig,
-                        stage_file: str | Path | None = None, version: int = 0) -> None:
-        """Load ``spec`` from the base checkpoint, then overlay a saved stage file if given."""
+                        stage_file: str | Path | None = None, version: int | None = 0) -> None:
+        """Load ``spec`` from the base checkpoint, then overlay a saved stage file if given.
+
+        ``version``: the version to serve as; None = what the files hold (the stage file's
+        version, else 0 for the base), for nodes whose rollouts must carry the true version.
+        """
         from engine.model.checkpoint import Checkpoint
 
         checkpoint = Checkpoint(base_dir)
         backend = self._new_backend()
         backend.load(spec, checkpoint.stage_weights(spec), checkpoint.config, optimizer)
         self.backend, self.spec, self.model_config = backend, spec, checkpoint.config
-        self.version = version
+        self.version = version or 0
         if stage_file is not None:
             if Path(stage_file).exists():
-                self.load_stage_file(stage_file)
+                found = self.load_stage_file(stage_file)
+                if version is None:
+                    self.version = found
             else:
                 log.warning("stage checkpoint %s is not on this machine; starting from the base weights", stage_file)
 
@@ -187,13 +193,15 @@ class StageRuntime:
         self._b().set_weights(weights)
         self.version = version
 
+    def snapshot(self) -> tuple[dict[str, np.ndarray], int]:
+        """The weights and the version they are, read together (nothing can step in between)."""
+        return self.state_dict(), self.version
+
     def checksum(self) -> float:
         """A cheap fingerprint of the weights: replicas that agree have equal checksums."""
-        total = 0.0
-        for name, a in sorted(self.state_dict().items()):
-            flat = a.ravel()
-            total += float(flat[:: max(1, flat.size // 97)].astype(np.float64).sum())
-        return total
+        from engine.swarm.tensor_bundle import checksum
+
+        return checksum(self.state_dict())
 
     def save_stage(self, path: str | Path, version: int) -> None:
         """Write this stage's weights + version, and next to them its optimiser state

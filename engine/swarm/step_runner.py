@@ -12,7 +12,8 @@
    log-probs to its last stage; a micro-batch whose route breaks is retried on
    another route;
 4. tells every trainer to ``apply`` (replicas exchange compressed gradients and
-   step identically), waits for ``stepped``, advances the version, records it.
+   step identically; each stage's leader then streams weight deltas to the stage's
+   inference replicas), waits for ``stepped``, advances the version, records it.
 
 If the step cannot complete, nodes are told to ``abort`` it and its rollouts stay
 in the buffer. Versions only ever go up.
@@ -237,10 +238,13 @@ class StepRunner:
         version = step + 1
         checkpoint = version % self.run.checkpoint_every_versions == 0
         expected: set[str] = set()
-        for replicas in self.stage_replicas():
+        inference = self.inference_replicas()
+        for stage, replicas in enumerate(self.stage_replicas()):
             for peer in replicas:
+                # replicas[0] leads the stage: it checkpoints and streams weights to the inference replicas
                 if await self.send(peer, {"type": "apply", "step": step, "version": version, "replicas": replicas,
-                                          "checkpoint": checkpoint and peer == replicas[0]}):
+                                          "checkpoint": checkpoint and peer == replicas[0],
+                                          "inference": inference[stage] if stage < len(inference) else []}):
                     expected.add(peer)
         deadline = time.monotonic() + self.step_timeout_s
         while True:

@@ -3,6 +3,7 @@
 Everything the coordinator must not forget across a restart lives here: the
 policy version, completed rollouts (the replay buffer's contents, so a finished
 rollout is never lost), the contribution ledger, eval history and run metadata.
+Peers carry their role (trainer or inference replica) so the ledger shows it.
 It is used from the coordinator's event-loop thread only; each call is one short
 transaction on a local file (WAL mode). The store is the only writer of its file, so it
 mirrors the number of ready rollouts per group in memory (loaded when it opens, kept by
@@ -32,7 +33,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, public_key TEXT NOT NULL, first_seen REAL NOT NULL,
-    last_seen REAL NOT NULL, backend TEXT, device TEXT, stage INTEGER);
+    last_seen REAL NOT NULL, backend TEXT, device TEXT, stage INTEGER, role TEXT);
 CREATE TABLE IF NOT EXISTS ledger (
     peer_id TEXT PRIMARY KEY, tokens_generated INTEGER NOT NULL DEFAULT 0,
     microbatches_trained INTEGER NOT NULL DEFAULT 0, bytes_sent INTEGER NOT NULL DEFAULT 0,
@@ -79,6 +80,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
+        if "role" not in columns:  # databases from before inference replicas: an additive column
+            self._db.execute("ALTER TABLE peers ADD COLUMN role TEXT")
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -113,13 +117,13 @@ class Store:
 
     # -- peers and ledger ------------------------------------------------------
     def upsert_peer(self, peer_id: str, public_key: str, *, backend: str | None = None,
-                    device: str | None = None, stage: int | None = None) -> None:
+                    device: str | None = None, stage: int | None = None, role: str | None = None) -> None:
         now = time.time()
         self._db.execute(
-            "INSERT INTO peers(peer_id, public_key, first_seen, last_seen, backend, device, stage) "
-            "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(peer_id) DO UPDATE SET last_seen = excluded.last_seen, "
-            "backend = excluded.backend, device = excluded.device, stage = excluded.stage",
-            (peer_id, public_key, now, now, backend, device, stage))
+            "INSERT INTO peers(peer_id, public_key, first_seen, last_seen, backend, device, stage, role) "
+            "VALUES(?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(peer_id) DO UPDATE SET last_seen = excluded.last_seen, "
+            "backend = excluded.backend, device = excluded.device, stage = excluded.stage, role = excluded.role",
+            (peer_id, public_key, now, now, backend, device, stage, role))
         self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
 
     def add_to_ledger(self, peer_id: str, **counts: float) -> None:
@@ -134,10 +138,12 @@ class Store:
         assignments = ", ".join(f"{name} = {name} + ?" for name in counts)
         self._db.execute(f"UPDATE ledger SET {assignments} WHERE peer_id = ?", (*counts.values(), peer_id))
 
-    def ledger(self) -> dict[str, dict[str, float]]:
-        cols = ", ".join(LEDGER_COUNTERS)
-        rows = self._db.execute(f"SELECT peer_id, {cols} FROM ledger ORDER BY peer_id").fetchall()
-        return {row[0]: dict(zip(LEDGER_COUNTERS, row[1:])) for row in rows}
+    def ledger(self) -> dict[str, dict[str, Any]]:
+        """Counters per peer, plus its last known ``role`` ("trainer", "inference" or None)."""
+        cols = ", ".join(f"ledger.{c}" for c in LEDGER_COUNTERS)
+        rows = self._db.execute(f"SELECT ledger.peer_id, {cols}, peers.role FROM ledger LEFT JOIN peers "
+                                "ON peers.peer_id = ledger.peer_id ORDER BY ledger.peer_id").fetchall()
+        return {row[0]: {**dict(zip(LEDGER_COUNTERS, row[1:-1])), "role": row[-1]} for row in rows}
 
     # -- rollouts (replay buffer contents) -----------------------------------------
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:

@@ -5,6 +5,9 @@ Unpacking treats everything as hostile: names must be expected, shapes must
 match what the receiver holds, byte counts must add up to the payload exactly,
 and each tensor is decoded by ``engine.net.tensor_codec`` with its own cap.
 
+:func:`checksum` fingerprints a set of named tensors (replicas, and a weight
+stream's two ends, compare these).
+
 It knows nothing about links, replicas or optimisers.
 """
 
@@ -62,3 +65,16 @@ def unpack(entries: list[dict[str, Any]], payload: bytes | memoryview,
         missing = sorted(set(expected_shapes) - set(out))
         raise ProtocolViolation(f"bundle lacks {len(missing)} tensors, e.g. {missing[:3]}")
     return out
+
+
+def checksum(arrays: Mapping[str, np.ndarray]) -> float:
+    """A cheap fingerprint of named tensors: about 97 evenly spaced elements of each, summed.
+
+    Equal tensors give equal checksums (bit for bit: the same elements are summed in the
+    same order in float64); it is a drift detector, not a cryptographic hash.
+    """
+    total = 0.0
+    for name, a in sorted(arrays.items()):
+        flat = np.asarray(a).ravel()
+        total += float(flat[:: max(1, flat.size // 97)].astype(np.float64).sum())
+    return total

@@ -50,10 +50,11 @@ class Swarm:
         self.coordinator = self._spawn("coordinator", *argv)
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
-    def start_node(self, name: str) -> None:
+    def start_node(self, name: str, *extra: str) -> None:
+        """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``)."""
         self.nodes[name] = self._spawn(name, "-v", "node", "--coordinator", self.url, "--identity", name,
                                        "--data-dir", str(self.tmp / name), "--checkpoint", self.checkpoint,
-                                       "--backend", "torch")
+                                       "--backend", "torch", *extra)
 
     def stats(self) -> dict | None:
         try:

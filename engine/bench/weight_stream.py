@@ -1,0 +1,130 @@
+"""``polis bench weights``: the weight stream to inference replicas, in one process.
+
+Every stage of the base checkpoint is loaded twice on the torch backend: a trainer
+(AdamW at the run's learning rate, real backpropagation of a random upstream
+gradient through the stage on random tokens) and an inference replica loaded
+without optimiser state. After every step the trainer's stream
+(``engine.swarm.weight_stream``) encodes its weights against the replica's shadow,
+the replica applies the delta and installs the result with ``set_weights``, the
+same code path as the swarm. Measured per stage over ``--versions`` versions:
+
+* bytes of one delta on the wire vs the stage's dense fp32 weights;
+* ``max |trainer weights - replica weights|`` after the last version and over all
+  versions, next to the largest weight change of one step (the scale it is small
+  against), and whether the replica's weights equal the trainer's shadow bit for bit;
+* the same for a naive stream without a shadow (each step's change quantised on its
+  own), whose error accumulates: the drift the shadow prevents.
+
+No network: bytes are the delta payloads a link would carry. The last stdout line is
+the JSON object with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages the model is cut into")
+    parser.add_argument("--versions", type=int, default=50, help="optimiser steps streamed")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator) -> dict[str, Any]:
+    from backends import registry
+    from backends.base import OptimizerConfig
+    from engine.net.tensor_codec import decode_tensor, encode_tensor
+    from engine.swarm.weight_stream import StreamFollower, StreamLeader
+
+    weights = checkpoint.stage_weights(spec)
+    trainer = registry.create("torch", device="cpu")
+    replica = registry.create("torch", device="cpu")
+    trainer.load(spec, weights, checkpoint.config, OptimizerConfig(lr=lr))
+    replica.load(spec, weights, checkpoint.config, OptimizerConfig(trainable=False))
+    try:
+        start = trainer.state_dict()
+        leader, follower = StreamLeader(), StreamFollower()
+        follower.reset("leader", leader.start("replica", start, 0), start, 0)
+        naive = {n: w.copy() for n, w in start.items()}
+        previous = start
+        vocab, hidden = checkpoint.config.vocab_size, checkpoint.config.hidden_size
+        delta_bytes, step_max, residual_max, naive_max, exact = [], 0.0, 0.0, 0.0, True
+        for version in range(1, versions + 1):
+            ids = rng.integers(0, vocab, size=(8, 12))
+            x = ids if spec.is_first else rng.standard_normal((8, 12, hidden)).astype(np.float32)
+            out = trainer.forward(x, key="k")
+            trainer.backward("k", rng.standard_normal(out.shape).astype(np.float32) / out.size)
+            trainer.step()
+            now = trainer.state_dict()
+            frame = leader.encode("replica", now, version)
+            replica.set_weights(follower.apply(frame.header["delta"], frame.payload, version))
+            served = replica.state_dict()
+            exact &= all(np.array_equal(served[n].view(np.uint32), s.view(np.uint32))
+                         for n, s in leader.shadow("replica").items())
+            delta_bytes.append(len(frame.payload))
+            step_max = max(step_max, max(float(np.abs(now[n] - previous[n]).max()) for n in now))
+            residual = max(float(np.abs(now[n] - served[n]).max()) for n in now)
+            residual_max = max(residual_max, residual)
+            for n in now:  # no shadow: quantise this step's change alone and add it
+                enc = encode_tensor(now[n] - previous[n], "int8_rowwise")
+                naive[n] = naive[n] + decode_tensor(enc.header, enc.payload, max_elements=now[n].size,
+                                                    expected_shape=now[n].shape)
+            naive_max = max(float(np.abs(now[n] - naive[n]).max()) for n in now)
+            previous = now
+        dense = sum(int(w.size) * 4 for w in start.values())
+        return {"stage": spec.stage_index, "parameters": dense // 4, "dense_fp32_bytes": dense,
+                "bytes_per_delta": float(np.mean(delta_bytes)),
+                "ratio_vs_dense_fp32": float(np.mean(delta_bytes)) / dense,
+                "max_step_change": step_max, "residual_max_abs_last": residual, "residual_max_abs_all": residual_max,
+                "replica_equals_shadow_bitwise": bool(exact), "naive_no_shadow_error_last": naive_max}
+    finally:
+        trainer.close()
+        replica.close()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.model.checkpoint import Checkpoint
+    from engine.model.shard_plan import plan_stages
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.run_config import RunConfig
+
+    checkpoint = Checkpoint(args.checkpoint or base_checkpoint_dir())
+    lr = RunConfig().lr
+    rng = np.random.default_rng(args.seed)
+    started = time.monotonic()
+    stages = [_measure_stage(checkpoint, spec, args.versions, lr, rng)
+              for spec in plan_stages(checkpoint.config.num_hidden_layers, args.stages)]
+    return {"versions": args.versions, "lr": lr, "encoding": "int8_rowwise", "stages": stages,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"weight stream, {result['versions']} AdamW steps at lr {result['lr']:g} ({result['encoding']} deltas)",
+             "stage  params  dense fp32 B  B/delta  ratio   max step   |trainer-replica| last / all   "
+             "bit-exact  no-shadow error"]
+    for s in result["stages"]:
+        lines.append(f"{s['stage']:5d} {s['parameters']:7d} {s['dense_fp32_bytes']:13d} {s['bytes_per_delta']:8.0f} "
+                     f"{s['ratio_vs_dense_fp32']:6.3f}  {s['max_step_change']:9.2e}   "
+                     f"{s['residual_max_abs_last']:9.2e} / {s['residual_max_abs_all']:9.2e}       "
+                     f"{'yes' if s['replica_equals_shadow_bitwise'] else 'NO':>3}      "
+                     f"{s['naive_no_shadow_error_last']:9.2e}")
+    lines.append(f"({result['seconds']} s)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = measure(args)
+    if args.json:
+        print(_table(result), file=sys.stderr)
+        print(json.dumps(result, default=float))
+    else:
+        print(_table(result))
+    return 0 if all(s["replica_equals_shadow_bitwise"] for s in result["stages"]) else 1
