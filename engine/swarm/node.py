@@ -358,10 +358,10 @@ class Node(NodeJobs):
             else:
                 await self.compute.run(self.rt.load_checkpoint, self._base_dir(), spec, optimizer,
                                        w["stage_checkpoint"] or None, w["version"])
-            self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
+            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
         self.spec = spec
         if self._compressor is None:
-            self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
+            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
         self.coordinator_version = w["version"]
 
     async def _start_links(self, signal_url: str) -> None:
