@@ -372,10 +372,10 @@ class Node(NodeJobs, InferenceReplica):
                 await self.compute.run(self.rt.load_checkpoint, self._base_dir(), spec, optimizer,
                                        w["stage_checkpoint"] or None,
                                        None if self.role == "inference" else w["version"])
-            self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
+            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
         self.spec = spec
         if self._compressor is None:
-            self._compressor = ReplicaCompressor(self.run_cfg.update_topk_fraction)
+            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
         self.coordinator_version = w["version"]
         self._stream_after_load()
 

@@ -12,8 +12,9 @@ def _grads(seed, scale=1.0):
             "b.bias": (scale * rng.normal(size=(32,))).astype(np.float32)}
 
 
-def test_replicas_that_exchange_compressed_grads_compute_identical_aggregates():
-    replicas = {f"p{i}": ReplicaCompressor(0.05) for i in range(3)}
+@pytest.mark.parametrize("encoding, max_share_of_dense", [("topk", 1 / 5), ("int8", 0.27)])
+def test_replicas_that_exchange_compressed_grads_compute_identical_aggregates(encoding, max_share_of_dense):
+    replicas = {f"p{i}": ReplicaCompressor(encoding, 0.05) for i in range(3)}
     sent = {}
     own = {}
     for i, (peer, comp) in enumerate(replicas.items()):
@@ -33,11 +34,12 @@ def test_replicas_that_exchange_compressed_grads_compute_identical_aggregates():
         for name in results[0]:
             assert np.array_equal(results[0][name], other[name])
     total = sum(len(p) for _, p in sent.values())
-    assert total < sum(dense_nbytes(_grads(i)) for i in range(3)) / 5
+    assert total < sum(dense_nbytes(_grads(i)) for i in range(3)) * max_share_of_dense
 
 
-def test_error_feedback_sends_everything_eventually():
-    comp = ReplicaCompressor(0.1)
+@pytest.mark.parametrize("encoding", ["topk", "int8"])
+def test_error_feedback_sends_everything_eventually(encoding):
+    comp = ReplicaCompressor(encoding, 0.1)
     g = _grads(0)
     sent_sum = {k: np.zeros_like(v) for k, v in g.items()}
     for _ in range(30):
@@ -69,3 +71,14 @@ def test_bundle_rejects_unknown_names_wrong_shapes_and_byte_mismatch():
         tensor_bundle.unpack(entries, payload, {"a.weight": (32, 64), "b.bias": (32,)})
     with pytest.raises(ProtocolViolation):
         tensor_bundle.unpack(entries[:1], payload[: entries[0]["nbytes"]], shapes, require_all=True)
+
+
+def test_int8_updates_are_dense_within_a_percent_and_fp32_exact():
+    g = _grads(4)
+    _, decoded = ReplicaCompressor("int8").compress(g)
+    for k in g:
+        assert np.linalg.norm(decoded[k] - g[k]) <= 0.01 * np.linalg.norm(g[k])
+    _, exact = ReplicaCompressor("fp32").compress(g)
+    assert all(np.array_equal(exact[k], g[k]) for k in g)
+    with pytest.raises(ValueError, match="update encoding"):
+        ReplicaCompressor("zip")
