@@ -140,6 +140,16 @@ class DiscoveryConfig:
         return AsyncZeroconf(interfaces=interfaces, ip_version=IPVersion.V4Only)
 
 
+def lan_env_problem() -> str | None:
+    """Why the ``POLIS_LAN_*`` environment is unusable, or None when it is fine (for CLIs
+    that check it before starting anything)."""
+    try:
+        DiscoveryConfig.from_env()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def reachable_address(config: DiscoveryConfig, listen_host: str = "0.0.0.0") -> str:
     """The IPv4 address to put in an advert for a service listening on ``listen_host``.
 

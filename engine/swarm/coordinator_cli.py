@@ -94,12 +94,11 @@ async def _serve(args) -> int:
 
 def run(args) -> int:
     if args.lan:
-        from engine.net.discovery import DiscoveryConfig
+        from engine.net.discovery import lan_env_problem
 
-        try:
-            DiscoveryConfig.from_env()  # a bad POLIS_LAN_* value is one clear line, before anything starts
-        except ValueError as exc:
-            print(f"polis coordinator: {exc}", file=sys.stderr)
+        problem = lan_env_problem()  # a bad POLIS_LAN_* value is one clear line, before anything starts
+        if problem:
+            print(f"polis coordinator: {problem}", file=sys.stderr)
             return 2
     try:
         return asyncio.run(_serve(args))

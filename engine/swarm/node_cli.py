@@ -212,12 +212,11 @@ def run(args) -> int:
         print("polis node: --lan-port must be in 0-65535 (0: any free port)", file=sys.stderr)
         return 2
     if args.lan:
-        from engine.net.discovery import DiscoveryConfig
+        from engine.net.discovery import lan_env_problem
 
-        try:
-            DiscoveryConfig.from_env()  # a bad POLIS_LAN_* value is one clear line, before anything starts
-        except ValueError as exc:
-            print(f"polis node: {exc}", file=sys.stderr)
+        problem = lan_env_problem()  # a bad POLIS_LAN_* value is one clear line, before anything starts
+        if problem:
+            print(f"polis node: {problem}", file=sys.stderr)
             return 2
     try:
         return asyncio.run(_main(args))
