@@ -208,10 +208,13 @@ class MainWindow(QMainWindow):
                 autostart.set_start_at_login(new.start_at_login)
             except autostart.AutostartError as exc:
                 self.banner.show_message("warning", "Start at login could not be changed", str(exc))
-        if self.controller.is_running and (new.swarm_mode, new.coordinator_url) != (old.swarm_mode,
-                                                                                     old.coordinator_url):
+        if self.controller.is_running and (new.swarm_mode, new.coordinator_url, new.generate_only) != (
+                old.swarm_mode, old.coordinator_url, old.generate_only):
+            role = ("" if new.generate_only == old.generate_only
+                    else " and only generate (no training)" if new.generate_only else " and train")
             self.banner.show_message("info", "Swarm setting saved",
-                                     f"Your node will use “{SWARM_MODE_LABELS[new.swarm_mode]}” from its next start.",
+                                     f"Your node will use “{SWARM_MODE_LABELS[new.swarm_mode]}”{role} "
+                                     "from its next start.",
                                      actions=(("restart", "Restart now"), ("dismiss", "Later")))
         self.apply_schedule()
 

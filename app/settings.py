@@ -54,6 +54,9 @@ class AppSettings:
     idle_after_min: float = 5.0
     #: contribute only on AC power: pause when the computer switches to battery.
     run_only_on_ac_power: bool = False
+    #: generate only, no training: the node holds its stage without optimiser state, serves
+    #: generation and follows its stage leader's weights (``polis node --inference-only``).
+    generate_only: bool = False
     #: open Polis (minimised to the tray) and start contributing when the user logs in.
     start_at_login: bool = False
     #: the user accepted the first-run explanation of what Polis does to the machine.
@@ -96,14 +99,16 @@ def node_arguments(settings: AppSettings) -> list[str]:
     """The ``polis node`` arguments (after ``--control stdio``) for these settings.
 
     Swarm: ``--lan`` | ``--coordinator URL`` | ``--demo``; limits: one flag per set
-    limit (``--upload-mbps 20``), see ``engine.control_protocol.limits_to_cli_args``.
+    limit (``--upload-mbps 20``), see ``engine.control_protocol.limits_to_cli_args``;
+    ``--inference-only`` when ``generate_only`` is set.
     """
     settings = settings.validated()
     if settings.swarm_mode == "coordinator":
         swarm = ["--coordinator", settings.coordinator_url]
     else:
         swarm = ["--" + settings.swarm_mode]
-    return swarm + limits_to_cli_args(settings.limits)
+    role = ["--inference-only"] if settings.generate_only else []
+    return swarm + role + limits_to_cli_args(settings.limits)
 
 
 # -- persistence -----------------------------------------------------------------------
@@ -146,6 +151,7 @@ def load_settings(store: QSettings) -> AppSettings:
     values["idle_after_min"] = store.value("schedule/idle_after_min", defaults.idle_after_min)
     for key, attr in (("schedule/only_when_idle", "run_only_when_idle"),
                       ("schedule/only_on_ac_power", "run_only_on_ac_power"),
+                      ("swarm/generate_only", "generate_only"),
                       ("system/start_at_login", "start_at_login"),
                       ("first_run/consent_given", "consent_given"),
                       ("first_run/tray_notice_shown", "tray_notice_shown")):
@@ -181,6 +187,7 @@ def save_settings(store: QSettings, settings: AppSettings) -> None:
     settings = settings.validated()
     store.setValue("swarm/mode", settings.swarm_mode)
     store.setValue("swarm/coordinator_url", settings.coordinator_url)
+    store.setValue("swarm/generate_only", settings.generate_only)
     for name in LIMIT_FIELDS:
         value = settings.limits.get(name)
         store.setValue(f"limits/{name}", "" if value is None else value)

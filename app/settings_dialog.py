@@ -1,4 +1,4 @@
-"""The Settings dialog: swarm, limits, schedule, start at login, identity.
+"""The Settings dialog: swarm (and generate only), limits, schedule, start at login, identity.
 
 Edits a copy of :class:`app.settings.AppSettings` and hands back a validated one
 (``result_settings()``); an invalid entry is explained inside the dialog and the
@@ -94,7 +94,17 @@ class SettingsDialog(QDialog):
                 layout.addLayout(row)
         self.mode_buttons[settings.swarm_mode].setChecked(True)
         self.mode_group.buttonToggled.connect(lambda *_: self._sync_enabled())
-        layout.addWidget(_muted("A change of swarm takes effect the next time the node starts."))
+        layout.addSpacing(10)
+        self.generate_only_check = QCheckBox("Generate only (no training)")
+        self.generate_only_check.setChecked(settings.generate_only)
+        help_text = ("Uses less memory: this computer serves generation and follows a trainer's weights "
+                     "instead of training.")
+        self.generate_only_check.setToolTip(help_text)
+        layout.addWidget(self.generate_only_check)
+        layout.addWidget(_muted(help_text))
+        layout.addSpacing(10)
+        layout.addWidget(_muted("A change of swarm or of “Generate only” takes effect the next time the node "
+                                "starts."))
         layout.addStretch(1)
         self._sync_enabled()
         return page
@@ -241,6 +251,7 @@ class SettingsDialog(QDialog):
             value = self.limit_spins[name].value() / scale
             limits[name] = int(round(value)) if kind is int else round(float(value), 6)
         return replace(self._original, swarm_mode=mode, coordinator_url=url, limits=limits,
+                       generate_only=self.generate_only_check.isChecked(),
                        run_only_when_idle=self.idle_check.isChecked() and self.idle_check.isEnabled(),
                        idle_after_min=float(self.idle_minutes.value()),
                        run_only_on_ac_power=self.ac_check.isChecked(),

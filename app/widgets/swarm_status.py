@@ -67,7 +67,8 @@ class SwarmStatusPanel(QFrame):
         self.values["stage"].setText(text)
         role = status.get("role")
         self.values["role"].setText({"trainer": "Trainer (generates and trains)",
-                                     "inference": "Inference (generates rollouts)"}.get(role, str(role or "–")))
+                                     "inference": "Generating only (follows a trainer's weights)"}
+                                    .get(role, str(role or "–")))
         self.set_policy(status.get("policy_version"), None)
 
     def set_policy(self, version: Any, staleness: Any) -> None:

@@ -104,6 +104,17 @@ def test_limits_reach_the_node_at_start_and_while_running(qtbot, make_window):
     assert statuses[-1]["limits"]["upload_mbps"] is None and statuses[-1]["limits"]["cpu_threads"] == 2
 
 
+def test_changing_generate_only_while_running_says_it_applies_at_the_next_start(qtbot, make_window):
+    window = make_window()
+    _click_start(qtbot, window)
+    _wait_contributing(qtbot, window)
+    window.apply_settings(replace(window.settings, generate_only=True))
+    assert window.banner.isVisible() and "only generate" in window.banner.detail_label.text()
+    assert "restart" in window.banner.buttons
+    window.swarm_panel.update_status({"role": "inference"})
+    assert window.swarm_panel.values["role"].text().startswith("Generating only")
+
+
 def test_schedule_pauses_on_battery_and_resumes_on_ac_power(qtbot, make_window, fake_machine):
     machine = fake_machine
     window = make_window(machine=machine, run_only_on_ac_power=True)

@@ -16,7 +16,7 @@ CUSTOM = AppSettings(swarm_mode="coordinator", coordinator_url="https://swarm.ex
                      limits={"memory_cap_gb": 6.5, "cpu_threads": 3, "gpu_fraction": 0.6, "upload_mbps": 4.0,
                              "download_mbps": None},
                      run_only_when_idle=True, idle_after_min=12.0, run_only_on_ac_power=True,
-                     start_at_login=True, consent_given=True, tray_notice_shown=True)
+                     start_at_login=True, consent_given=True, tray_notice_shown=True, generate_only=True)
 
 
 def test_settings_round_trip_through_qsettings(store):
@@ -30,8 +30,10 @@ def test_fresh_store_gives_defaults_and_corrupt_values_fall_back(store):
     store.setValue("swarm/mode", "carrier-pigeon")
     store.setValue("limits/cpu_threads", "many")
     store.setValue("schedule/only_on_ac_power", "true")
+    store.setValue("swarm/generate_only", "sometimes")
     loaded = load_settings(store)
     assert loaded.swarm_mode == "lan" and loaded.limits["cpu_threads"] is None and loaded.run_only_on_ac_power
+    assert loaded.generate_only is False
 
 
 @pytest.mark.parametrize("change, words", [
@@ -52,6 +54,12 @@ def test_node_arguments_carry_swarm_and_limits():
     assert node_arguments(AppSettings(swarm_mode="demo")) == ["--demo"]
 
 
+def test_node_arguments_ask_for_inference_only_only_when_generate_only_is_set():
+    assert "--inference-only" in node_arguments(CUSTOM)
+    assert "--inference-only" not in node_arguments(replace(CUSTOM, generate_only=False))
+    assert node_arguments(AppSettings(swarm_mode="demo", generate_only=True)) == ["--demo", "--inference-only"]
+
+
 def test_settings_dialog_round_trip(qtbot):
     dialog = SettingsDialog(CUSTOM, hello={"peer_id": "p-1", "fingerprint": "SHA256:abc", "key_storage": "file"},
                             idle_supported=True)
@@ -63,10 +71,12 @@ def test_settings_dialog_round_trip(qtbot):
     dialog.limit_spins["download_mbps"].setValue(25.0)
     dialog.limit_spins["gpu_fraction"].setValue(45)
     dialog.ac_check.setChecked(False)
+    assert dialog.generate_only_check.isChecked()
+    dialog.generate_only_check.setChecked(False)
     result = dialog.result_settings()
     assert result.swarm_mode == "lan" and result.limits["memory_cap_gb"] is None
     assert result.limits["download_mbps"] == 25.0 and result.limits["gpu_fraction"] == pytest.approx(0.45)
-    assert not result.run_only_on_ac_power
+    assert not result.run_only_on_ac_power and not result.generate_only
     assert "file" in dialog.identity_labels["key_storage"].text().lower()
 
 
@@ -88,8 +98,10 @@ def test_saving_settings_in_the_window_persists_and_writes_the_login_entry(qtbot
     dialog = window.settings_dialog
     dialog.login_check.setChecked(True)
     dialog.mode_buttons["demo"].setChecked(True)
+    dialog.generate_only_check.setChecked(True)
     dialog.accept()
     assert load_settings(store).start_at_login and load_settings(store).swarm_mode == "demo"
+    assert load_settings(store).generate_only and "--inference-only" in node_arguments(window.settings)
     if sys.platform.startswith("linux"):
         entry = isolated_user / ".config" / "autostart" / "polis.desktop"
         assert entry.is_file() and "--minimized" in entry.read_text()
