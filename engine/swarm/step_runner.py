@@ -107,7 +107,7 @@ class StepRunner:
         for s in batch.staleness.tolist():
             self.staleness_hist[int(s)] += 1
         started = time.monotonic()
-        updates = min(self.run.updates_per_batch, batch.num_rows)
+        updates = min(self.run.updates_per_batch, len(groups))  # as the trainer: never less than a group per update
         proximal = None
         if updates > 1:
             proximal = await self._proximal_pass(self.version, batch)
