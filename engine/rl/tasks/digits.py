@@ -23,40 +23,43 @@ def _random_digits(rng: np.random.Generator, min_len: int, max_len: int) -> str:
     return "".join(_DIGITS[d] for d in rng.integers(0, 10, size=length))
 
 
-class ReversalTask(Task):
+class _DigitStringTask(Task):
+    """A task whose prompt is ``prefix + digits + "="`` and whose answer is as long as the digits."""
+
+    def random_prompt(self, rng: np.random.Generator) -> str:
+        return f"{self.prefix}{_random_digits(rng, self.config.min_digits, self.config.max_digits)}="
+
+    def solve(self, prompt: str) -> str | None:
+        m = re.fullmatch(re.escape(self.prefix) + r"([0-9]{1,64})=", prompt)
+        return self.answer(m.group(1)) if m else None
+
+    def answer(self, digits: str) -> str:
+        raise NotImplementedError
+
+    def max_answer_chars(self) -> int:
+        return self.config.max_digits
+
+
+class ReversalTask(_DigitStringTask):
     """Reverse a digit string."""
 
     name = "reversal"
     prefix = "rev:"
     alphabet = _DIGITS + "rev:="
 
-    def random_prompt(self, rng: np.random.Generator) -> str:
-        return f"{self.prefix}{_random_digits(rng, self.config.min_digits, self.config.max_digits)}="
-
-    def solve(self, prompt: str) -> str | None:
-        m = re.fullmatch(r"rev:([0-9]{1,64})=", prompt)
-        return m.group(1)[::-1] if m else None
-
-    def max_answer_chars(self) -> int:
-        return self.config.max_digits
+    def answer(self, digits: str) -> str:
+        return digits[::-1]
 
 
-class SortingTask(Task):
+class SortingTask(_DigitStringTask):
     """Sort the digits of a string in ascending order."""
 
     name = "sorting"
     prefix = "sort:"
     alphabet = _DIGITS + "sort:="
 
-    def random_prompt(self, rng: np.random.Generator) -> str:
-        return f"{self.prefix}{_random_digits(rng, self.config.min_digits, self.config.max_digits)}="
-
-    def solve(self, prompt: str) -> str | None:
-        m = re.fullmatch(r"sort:([0-9]{1,64})=", prompt)
-        return "".join(sorted(m.group(1))) if m else None
-
-    def max_answer_chars(self) -> int:
-        return self.config.max_digits
+    def answer(self, digits: str) -> str:
+        return "".join(sorted(digits))
 
 
 class AdditionTask(Task):
