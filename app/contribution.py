@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Mapping
+
+from engine.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,8 @@ class ContributionLedger:
         """Write the all-time totals atomically (errors are logged, never raised)."""
         self._last_save = time.monotonic()
         payload = {"version": _FILE_VERSION, "updated": round(time.time(), 3), "all_time": self.all_time}
-        tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps(payload, indent=1))
         except OSError as exc:
             log.warning("could not save contribution totals to %s: %s", self.path, exc)

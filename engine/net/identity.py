@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from engine.atomic_file import atomic_write_text
 from engine.net.errors import AuthenticationError
 
 log = logging.getLogger(__name__)
@@ -174,19 +175,7 @@ def _read_key_file(path: Path) -> Ed25519PrivateKey:
 
 def _write_key_file(path: Path, private_key: Ed25519PrivateKey) -> None:
     """Write atomically with 0600 permissions from the first byte on."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(_encode_secret(private_key) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        if sys.platform != "win32":
-            os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, _encode_secret(private_key) + "\n", mode=0o600, encoding="ascii")
 
 
 def _file_identity(path: Path, reason: str) -> Identity:

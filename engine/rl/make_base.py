@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import OptimizerConfig
+from engine.atomic_file import atomic_write_bytes
 from engine.rl.codec import TaskCodec
 from engine.rl.evaluation import evaluate_greedy
 from engine.rl.pipeline import LocalPipeline
@@ -188,9 +189,7 @@ def save_checkpoint(out: Path, config, weights: dict[str, np.ndarray]) -> None:
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(weights.items())},
                 metadata={"format": "pt"})
-    tmp = out / "model.safetensors.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, out / "model.safetensors")
+    atomic_write_bytes(out / "model.safetensors", data)
 
 
 def write_made_by(out: Path, cfg: MakeBaseConfig, report: MakeBaseReport, command: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backends.base import BackendError
+from engine.atomic_file import atomic_write_bytes
 from engine.rl.rollout import Group, Sample
 
 if TYPE_CHECKING:
@@ -66,17 +66,11 @@ def _group_from_json(d: dict[str, Any]) -> Group:
     return Group(prompt=d["prompt"], prompt_ids=np.asarray(d["prompt_ids"], dtype=np.int64), samples=samples)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _save_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     from safetensors.numpy import save
 
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, metadata={"format": "pt"})
-    _atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data)
 
 
 def _load_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -113,7 +107,7 @@ def save_run(run_dir: str | Path, trainer: "Trainer") -> Path:
         "evals": [asdict(e) for e in trainer.evals],
         "optimizer_state_saved_for_stages": optimizer_saved,
     }
-    _atomic_write_bytes(run_dir / STATE_FILE, json.dumps(state).encode("utf-8"))
+    atomic_write_bytes(run_dir / STATE_FILE, json.dumps(state).encode("utf-8"))
     return run_dir
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from backends import registry
 from backends.base import OptimizerConfig, StageBackend, StageSpec, sample_from_logits
+from engine.atomic_file import atomic_write_bytes
 from engine.rl.objective import ObjectiveConfig, compute_objective
 
 log = logging.getLogger(__name__)
@@ -207,18 +208,16 @@ class StageRuntime:
         """Write this stage's weights + version, and next to them its optimiser state
         (``optimizer_path``), each atomically: a stage restored from them continues with
         its AdamW moments instead of restarting them."""
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        moments = optimizer_path(path)
-        save_file({k: np.ascontiguousarray(v) for k, v in self._b().optimizer_state().items()},
-                  str(moments.with_suffix(".tmp")), metadata={"polis_version": str(version)})
-        os.replace(moments.with_suffix(".tmp"), moments)
-        tmp = path.with_suffix(".tmp")
-        save_file({k: np.ascontiguousarray(v) for k, v in self.state_dict().items()}, str(tmp),
-                  metadata={"polis_version": str(version), "stage": json.dumps(self.spec.__dict__)})
-        os.replace(tmp, path)
+        atomic_write_bytes(optimizer_path(path), save(
+            {k: np.ascontiguousarray(v) for k, v in self._b().optimizer_state().items()},
+            metadata={"polis_version": str(version)}))
+        atomic_write_bytes(path, save(
+            {k: np.ascontiguousarray(v) for k, v in self.state_dict().items()},
+            metadata={"polis_version": str(version), "stage": json.dumps(self.spec.__dict__)}))
 
     def load_stage_file(self, path: str | Path) -> int:
         """Overlay weights from :meth:`save_stage`'s file; returns its version. The optimiser
