@@ -163,6 +163,7 @@ def main():
         os._exit(0)
     workdir = "/tmp/sandbox" if "private_tmp" in layers else cfg["workdir"]
     os.makedirs(workdir, exist_ok=True)
+    os.environ.pop("PWD", None)  # set by the cgroup-joining shell; a host path
     os.environ["HOME"] = os.environ["TMPDIR"] = workdir
     with open(os.path.join(workdir, "main.py"), "w") as f:
         f.write(code)
