@@ -82,7 +82,7 @@ class EpisodeLimits:
       max_context_tokens: tokens of the whole context (prompt, turns, observations); the
         driver passes its count to ``step`` and more is a ``context_tokens`` cut.
       max_tool_s: seconds of tool time summed over the episode (each call gets what is left);
-        more is a ``tool_s`` cut.
+        using all of it is a ``tool_s`` cut.
     """
 
     max_turns: int = 4
@@ -255,7 +255,7 @@ class Episode:
         if context_tokens is not None and context_tokens > lim.max_context_tokens:
             return self._finish(Cut(CutKind.CONTEXT_TOKENS, lim.max_context_tokens, context_tokens, st.turns))
         observation = self.env.respond(st, model_text)
-        if st.tool_s > lim.max_tool_s:
+        if st.tool_s >= lim.max_tool_s:  # the budget itself stopped a tool
             return self._finish(Cut(CutKind.TOOL_S, lim.max_tool_s, round(st.tool_s, 3), st.turns))
         if observation is None:
             return self._finish(None)
