@@ -23,6 +23,11 @@ not Ubuntu 24.04 with its AppArmor restriction unless allowed): the snippet runs
 - output: stdout and stderr together, at most ``output_bytes``; past that the run is killed and
   the text ends with a truncation marker. The environment is scrubbed (PATH, HOME, TMPDIR,
   LANG only); cwd and HOME are a fresh directory.
+When Polis itself runs as root, the snippet runs as uid ``nobody`` (65534) where the
+interpreter allows it, so file permissions protect the host as well; where it does not (a venv
+whose base interpreter lives under ``/root``), it keeps uid 0 behind the namespaces: then a
+pids cgroup holds the process cap (root is exempt from RLIMIT_NPROC in any namespace) and
+only the hidden paths (homes, ``/etc/shadow`` ...) keep root-readable files from it.
 It does NOT protect against kernel exploits, and it reads (but cannot change) the rest of
 the file system outside the hidden paths, e.g. the Polis source and the Python library.
 
@@ -57,6 +62,7 @@ log = logging.getLogger(__name__)
 TRUNCATION_MARKER = "\n[output truncated: the sandbox output limit of {limit} bytes was reached]\n"
 _RUNNER_SOURCE = (Path(__file__).with_name("sandbox_runner.py")).read_text(encoding="utf-8")
 _EXIT_MEMORY = 86
+NOBODY = 65534  #: the uid a sandbox started by root runs as, where the interpreter allows
 _UNSHARE_ARGS = ("--user", "--map-root-user", "--net", "--pid", "--mount", "--fork", "--kill-child")
 
 
@@ -75,7 +81,8 @@ class SandboxLimits:
       output_bytes: stdout + stderr kept; more kills the run and appends a marker.
       code_bytes: largest snippet accepted (UTF-8 bytes).
       require_isolation: refuse to run unless the namespace layers (network, PID, mounts) work.
-      hidden_paths: directories covered by an empty tmpfs (default: homes and /root).
+      hidden_paths: directories covered by an empty tmpfs, files covered by /dev/null
+        (default: homes, /root, /etc/shadow, /etc/gshadow, /etc/sudoers).
     """
 
     wall_s: float = 10.0
@@ -104,7 +111,7 @@ class SandboxLimits:
 
 
 def _default_hidden_paths() -> tuple[str, ...]:
-    paths = {str(Path.home()), "/root", "/home", "/Users"}
+    paths = {str(Path.home()), "/root", "/home", "/Users", "/etc/shadow", "/etc/gshadow", "/etc/sudoers"}
     return tuple(sorted(p for p in paths if p not in ("/", "")))
 
 
@@ -181,6 +188,29 @@ class Sandbox:
                         log.warning("sandbox: unshare probe failed: %s", e)
             return cls._probe
 
+    _nobody_probe: dict[str, bool] = {}
+
+    def runs_as_nobody(self) -> bool:
+        """Whether this interpreter starts as uid ``nobody`` (when Polis runs as root; cached).
+
+        A venv whose base interpreter lives under ``/root`` does not: then the sandbox keeps
+        uid 0 behind the namespaces and a pids cgroup, and hidden paths cover the secrets.
+        """
+        with self._probe_lock:
+            if self._python not in self._nobody_probe:
+                try:
+                    r = subprocess.run([self._python, "-I", "-S", "-c", "import ctypes, json, resource"],
+                                       capture_output=True, timeout=20, cwd="/", user=NOBODY, group=NOBODY,
+                                       extra_groups=[], env={"PATH": "/usr/bin:/bin"})
+                    ok = r.returncode == 0
+                except (OSError, subprocess.SubprocessError):
+                    ok = False
+                if not ok:
+                    log.warning("sandbox: %s cannot run as uid %d; the sandbox keeps uid 0 inside its namespaces",
+                                self._python, NOBODY)
+                self._nobody_probe[self._python] = ok
+            return self._nobody_probe[self._python]
+
     def isolation(self) -> str:
         """``namespaces`` (Linux, full guarantees), ``rlimits`` (weak) or ``none``."""
         if self.namespaces_available():
@@ -225,7 +255,10 @@ class Sandbox:
         if mode == "namespaces":
             argv = [shutil.which("unshare") or "unshare", *_UNSHARE_ARGS, *argv]
         cgroup = None
-        if os.name == "posix" and os.geteuid() == 0:
+        as_nobody = os.name == "posix" and os.geteuid() == 0 and self.runs_as_nobody()
+        if as_nobody:  # an unprivileged uid: file permissions protect the host, RLIMIT_NPROC holds
+            os.chown(workdir, NOBODY, NOBODY)
+        elif os.name == "posix" and os.geteuid() == 0:
             # root's processes are exempt from RLIMIT_NPROC even inside a user namespace
             cgroup = PidsCgroup.create(lim.max_processes + 3)
             if cgroup is None and lim.require_isolation:
@@ -238,8 +271,9 @@ class Sandbox:
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
         try:
+            ids = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if as_nobody else {}
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    pass_fds=(status_w,), env=env, cwd=workdir, start_new_session=True)
+                                    pass_fds=(status_w,), env=env, cwd=workdir, start_new_session=True, **ids)
         except OSError as e:
             os.close(status_r)
             os.close(status_w)
@@ -261,8 +295,8 @@ class Sandbox:
             if cgroup is not None:
                 cgroup.remove()
         result = self._result(output, status_text, limit, start)
-        if cgroup is not None and result.layers:
-            result = replace(result, layers=(*result.layers, "pids_cgroup"))
+        if result.layers and (cgroup is not None or as_nobody):
+            result = replace(result, layers=(*result.layers, "pids_cgroup" if cgroup else "unprivileged_uid"))
         return result
 
     def _collect(self, proc: subprocess.Popen, status_r: int, deadline: float) -> tuple[bytes, bytes, str | None]:

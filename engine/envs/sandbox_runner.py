@@ -6,7 +6,8 @@ status pipe. It imports nothing but the standard library and is never imported b
 (it does not know Polis). Steps, in order, all before one line of the snippet runs:
 
 1. (Linux, mount namespace) make every inherited mount read-only, nosuid and private;
-   put an empty read-only tmpfs over each hidden path (home directories), keeping the
+   put an empty read-only tmpfs over each hidden directory (home directories) and /dev/null
+   over each hidden file (/etc/shadow), keeping the
    interpreter's own directories visible by bind mount; fresh size-capped tmpfs on ``/tmp``,
    ``/var/tmp`` and ``/dev/shm``; a fresh ``/proc`` for the new PID namespace; then enter a
    nested user + mount namespace so that none of these mounts can be unmounted again.
@@ -79,6 +80,9 @@ def _build_view(cfg, layers):
     keep = sorted({os.path.realpath(p) for p in cfg["keep_paths"] if os.path.isdir(p)})
     for hidden in cfg["hidden_paths"]:
         hidden = os.path.realpath(hidden)
+        if os.path.isfile(hidden):  # a file (e.g. /etc/shadow): /dev/null over it
+            _mount(libc, "/dev/null", hidden, None, MS_BIND)
+            continue
         if not os.path.isdir(hidden) or _is_under("/tmp", hidden) or _is_under(hidden, "/tmp"):
             continue  # "/" or "/tmp" itself: never hidden (the private /tmp already covers /tmp)
         inside = [k for k in keep if _is_under(k, hidden)]

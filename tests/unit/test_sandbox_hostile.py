@@ -195,6 +195,34 @@ def test_reading_ssh_keys_finds_nothing(outside_dir):
     assert ".ssh" not in result.output.split("home", 1)[-1]
 
 
+def test_root_only_files_are_not_readable():
+    result = _sandbox().run("for p in ('/etc/shadow', '/etc/gshadow'):\n"
+                            "    try:\n        print(p, repr(open(p).read()))\n"
+                            "    except OSError as e:\n        print(p, 'denied', e.strerror)\n")
+    assert "root:" not in result.output, result
+    assert result.output.count("/etc/") == 2
+
+
+_SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(_SYSTEM_PYTHON)
+                    or not Sandbox(python=_SYSTEM_PYTHON).runs_as_nobody(),
+                    reason="needs root and an interpreter that uid nobody can run")
+def test_started_by_root_with_a_world_readable_interpreter_the_snippet_runs_as_nobody_and_stays_capped(outside_dir):
+    secret = outside_dir / "root-only.txt"  # not a hidden path: only file permissions guard it
+    secret.write_text("ROOT-ONLY")
+    secret.chmod(0o600)
+    sandbox = Sandbox(SandboxLimits(**{**LIMITS, "wall_s": 3.0}), python=_SYSTEM_PYTHON)
+    probe = sandbox.run(f"try:\n    print(open({str(secret)!r}).read())\nexcept OSError as e:\n    print(e.strerror)\n")
+    assert probe.ok and "unprivileged_uid" in probe.layers, probe
+    assert probe.output == "Permission denied\n"
+    _assert_process_cap_holds(sandbox)
+    bomb = sandbox.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    assert bomb.limit in ("wall_s", "cpu_s"), bomb
+    _assert_next_run_is_normal(sandbox)
+
+
 def test_deleting_files_outside_its_directory_changes_nothing(outside_dir):
     victim = outside_dir / "precious.txt"
     victim.write_text("keep me")
