@@ -16,7 +16,8 @@ not Ubuntu 24.04 with its AppArmor restriction unless allowed): the snippet runs
 - files: every mount it inherits is read-only (it can delete or change nothing outside its
   own directory); home directories and ``/root`` are covered by an empty tmpfs (except the
   interpreter's own directories, bound back read-only), so ``~/.ssh`` is not there; ``/tmp``,
-  ``/var/tmp`` and ``/dev/shm`` are fresh tmpfs of at most ``disk_mb`` (and 1 MB); a nested
+  ``/var/tmp`` and ``/dev/shm`` are fresh tmpfs of at most ``disk_mb`` (and 1 MB); ``/dev``
+  holds only null, zero, full, random and urandom (no disks, no terminals); a nested
   user namespace locks these mounts so the snippet cannot unmount them;
 - resources: RLIMIT_AS (memory), RLIMIT_CPU (CPU seconds), RLIMIT_FSIZE (one file's size),
   RLIMIT_NOFILE, no core dumps; a wall-clock deadline kills the whole process group;

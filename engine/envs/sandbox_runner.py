@@ -5,12 +5,12 @@
 status pipe. It imports nothing but the standard library and is never imported by the product
 (it does not know Polis). Steps, in order, all before one line of the snippet runs:
 
-1. (Linux, mount namespace) make every inherited mount read-only, nosuid and private;
-   put an empty read-only tmpfs over each hidden directory (home directories) and /dev/null
-   over each hidden file (/etc/shadow), keeping the
-   interpreter's own directories visible by bind mount; fresh size-capped tmpfs on ``/tmp``,
-   ``/var/tmp`` and ``/dev/shm``; a fresh ``/proc`` for the new PID namespace; then enter a
-   nested user + mount namespace so that none of these mounts can be unmounted again.
+1. (Linux, mount namespace) make every inherited mount read-only, nosuid and private; put an
+   empty read-only tmpfs over each hidden directory (home directories) and /dev/null over each
+   hidden file (/etc/shadow), keeping the interpreter's own directories visible by bind mount;
+   fresh size-capped tmpfs on ``/tmp``, ``/var/tmp`` and ``/dev/shm``; a ``/dev`` with only
+   null, zero, full, random and urandom; a fresh ``/proc`` for the new PID namespace; then
+   enter a nested user + mount namespace so that none of these mounts can be unmounted again.
 2. resource limits: address space, CPU seconds, processes, file size, open files, no core.
 3. fork: the child runs the snippet in a fresh directory (cwd and HOME); the parent (PID 1 of
    the namespace when there is one) waits, writes the status line and exits, which kills every
@@ -62,6 +62,31 @@ def _read_only_everything(libc):
     _check(rc, "mount_setattr / read-only")
 
 
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+
+def _minimal_dev(libc):
+    """Replace /dev by a tmpfs holding only the harmless nodes (bound from the host), fd links, shm."""
+    staged = []
+    for name in DEV_NODES:
+        if os.path.exists(f"/dev/{name}"):
+            stage = f"/tmp/.dev-{name}"
+            open(stage, "w").close()
+            _mount(libc, f"/dev/{name}", stage, None, MS_BIND)
+            staged.append((stage, name))
+    _mount(libc, "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for stage, name in staged:
+        open(f"/dev/{name}", "w").close()
+        _mount(libc, stage, f"/dev/{name}", None, MS_MOVE)
+        os.remove(stage)
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"/dev/{name}")
+    os.symlink("/proc/self/fd", "/dev/fd")
+    os.mkdir("/dev/shm")
+    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
+    _mount(libc, None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+
+
 def _is_under(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -73,10 +98,11 @@ def _build_view(cfg, layers):
     _read_only_everything(libc)
     layers.append("read_only_root")
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk_mb']}m,mode=1777")
-    for extra in ("/var/tmp", "/dev/shm"):
-        if os.path.isdir(extra):
-            _mount(libc, "tmpfs", extra, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
+    if os.path.isdir("/var/tmp"):
+        _mount(libc, "tmpfs", "/var/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
     layers.append("private_tmp")
+    _minimal_dev(libc)
+    layers.append("minimal_dev")
     keep = sorted({os.path.realpath(p) for p in cfg["keep_paths"] if os.path.isdir(p)})
     for hidden in cfg["hidden_paths"]:
         hidden = os.path.realpath(hidden)

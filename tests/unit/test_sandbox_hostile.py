@@ -195,6 +195,19 @@ def test_reading_ssh_keys_finds_nothing(outside_dir):
     assert ".ssh" not in result.output.split("home", 1)[-1]
 
 
+def test_dev_holds_only_harmless_nodes_so_disks_are_unreachable():
+    code = ("import os\nprint(sorted(os.listdir('/dev')))\n"
+            "for p in ('/dev/vda', '/dev/sda', '/dev/nvme0n1', '/dev/mem', '/dev/kmsg', '/dev/tty'):\n"
+            "    try:\n        os.close(os.open(p, os.O_RDONLY))\n        print('opened', p)\n"
+            "    except OSError as e:\n        print('denied', p)\n"
+            "print(len(open('/dev/urandom', 'rb').read(16)))\n")
+    result = _sandbox().run(code)
+    assert result.ok, result
+    assert "['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']" in result.output
+    assert "opened" not in result.output and result.output.count("denied") == 6
+    assert result.output.endswith("16\n")
+
+
 def test_root_only_files_are_not_readable():
     result = _sandbox().run("for p in ('/etc/shadow', '/etc/gshadow'):\n"
                             "    try:\n        print(p, repr(open(p).read()))\n"
