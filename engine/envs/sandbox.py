@@ -229,6 +229,9 @@ class Sandbox:
         data = code.encode("utf-8", errors="replace")
         if len(data) > lim.code_bytes:
             return _refusal(f"the snippet is {len(data)} bytes; the limit is {lim.code_bytes}", "code_bytes")
+        if getattr(sys, "frozen", False) and self._python == sys.executable:
+            return _refusal("this packaged build has no separate Python interpreter for the sandbox; "
+                            "pass one with Sandbox(python=...)", "isolation")
         mode = self.isolation()
         if mode != "namespaces" and (lim.require_isolation or mode == "none"):
             return _refusal("the python tool needs Linux user namespaces (unshare -U) on this machine; "

@@ -100,6 +100,16 @@ def test_fork_bomb_is_contained_and_leaves_no_process_behind():
     _assert_next_run_is_normal(sandbox)
 
 
+def test_a_daemon_left_behind_dies_with_the_run():
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(60)\n    os._exit(0)\nprint('parent done')\n")
+    sandbox = _sandbox(wall_s=10.0)
+    result = sandbox.run(code)
+    assert result.ok and result.output == "parent done\n", result
+    assert result.wall_s < 5
+    assert not _sandbox_processes()
+
+
 def test_infinite_loop_is_stopped_by_the_cpu_limit():
     sandbox = _sandbox(cpu_s=1, wall_s=8.0)
     result = sandbox.run("while True:\n    pass\n")
