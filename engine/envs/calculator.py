@@ -72,13 +72,14 @@ def _check_size(value: Fraction, limits: CalculatorLimits) -> Fraction:
 
 
 def _eval(node: ast.AST, limits: CalculatorLimits) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        if type(node.value) is float:  # a decimal literal: exact from its text, not the float
+    if isinstance(node, ast.Constant) and not isinstance(node.value, bool):  # True + 1 is not arithmetic
+        if isinstance(node.value, float):  # a decimal literal: exact from its text, not the float
             try:
                 return _check_size(Fraction(repr(node.value)), limits)
             except (ValueError, OverflowError):
                 raise CalculatorError(f"the number {node.value!r} is out of range") from None
-        return _check_size(Fraction(node.value), limits)
+        if isinstance(node.value, int):
+            return _check_size(Fraction(node.value), limits)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _eval(node.operand, limits)
         return -value if isinstance(node.op, ast.USub) else value

@@ -184,7 +184,8 @@ class Sandbox:
                         r = subprocess.run([unshare, *_UNSHARE_ARGS, "true"], capture_output=True, timeout=10)
                         cls._probe = r.returncode == 0
                         if r.returncode != 0:
-                            log.warning("sandbox: unshare refused namespaces: %s", r.stderr.decode(errors="replace").strip())
+                            log.warning("sandbox: unshare refused namespaces: %s",
+                                        r.stderr.decode(errors="replace").strip())
                     except (OSError, subprocess.TimeoutExpired) as e:
                         log.warning("sandbox: unshare probe failed: %s", e)
             return cls._probe
@@ -275,9 +276,10 @@ class Sandbox:
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            ids = dict(user=NOBODY, group=NOBODY, extra_groups=[]) if as_nobody else {}
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    pass_fds=(status_w,), env=env, cwd=workdir, start_new_session=True, **ids)
+                                    pass_fds=(status_w,), env=env, cwd=workdir, start_new_session=True,
+                                    user=NOBODY if as_nobody else None, group=NOBODY if as_nobody else None,
+                                    extra_groups=[] if as_nobody else None)
         except OSError as e:
             os.close(status_r)
             os.close(status_w)
@@ -347,7 +349,12 @@ class Sandbox:
             return _refusal(f"the sandbox could not isolate the snippet: {status['refused']}", "isolation")
         exit_code = status.get("exit")
         sig = status.get("signal")
-        sig_name = signal.Signals(sig).name if isinstance(sig, int) and sig in signal.Signals._value2member_map_ else None
+        sig_name = None
+        if isinstance(sig, int):
+            try:
+                sig_name = signal.Signals(sig).name
+            except ValueError:
+                sig_name = f"signal {sig}"
         if limit is None:
             if sig_name == "SIGXCPU":
                 limit = "cpu_s"

@@ -161,7 +161,8 @@ class PythonTool(Tool):
     """A Python snippet in the sandbox; its output (capped) is the answer."""
 
     name = "python"
-    description = "runs a Python 3 snippet (standard library only, no network, no files kept) and returns what it prints."
+    description = ("runs a Python 3 snippet (standard library only, no network, no files kept) "
+                   "and returns what it prints.")
     parameters = {"code": "the program text"}
 
     def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None) -> None:
@@ -172,7 +173,9 @@ class PythonTool(Tool):
         if result.ok:
             return True, result.output, None
         text = result.output if result.limit not in ("isolation", "code_bytes") else ""
-        return False, f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}error: {result.describe()}", result.limit
+        if text and not text.endswith("\n"):
+            text += "\n"
+        return False, f"{text}error: {result.describe()}", result.limit
 
 
 def cap_text(text: str, max_chars: int) -> str:

@@ -58,7 +58,8 @@ def outside_dir():
 
 
 def test_a_plain_snippet_runs_in_a_fresh_directory_with_a_scrubbed_environment():
-    result = _sandbox().run("import os\nprint(os.getcwd(), os.environ['HOME'], sorted(os.listdir('.')), sorted(os.environ))")
+    result = _sandbox().run("import os\n"
+                            "print(os.getcwd(), os.environ['HOME'], sorted(os.listdir('.')), sorted(os.environ))")
     assert result.ok, result
     assert result.output.split(" ", 2)[:2] == ["/tmp/sandbox", "/tmp/sandbox"]
     assert "['main.py']" in result.output
