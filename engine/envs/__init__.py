@@ -6,7 +6,8 @@ and the loss mask of a multi-turn episode from a chat template), ``tools`` (the 
 call format, ``CalculatorTool``, ``PythonTool``), ``calculator`` (exact arithmetic),
 ``sandbox`` (+ ``sandbox_runner``, which only ever runs inside the sandbox), ``stats``
 (figures of a batch of episodes), ``tool_env`` (``ToolEnvironment`` and the calculator
-environment over a chat question source).
+environment over a chat question source), ``token_rollout`` (one episode at the token level:
+one growing context for a KV cache, the trajectory and its behaviour log-probs).
 
 What it does not know: models, backends, the swarm; wiring episodes into the swarm's rollout
 path is the caller's. Importing it pulls in no torch, mlx, Qt or network stack.

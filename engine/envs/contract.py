@@ -243,17 +243,20 @@ class Episode:
         """Take one model turn.
 
         ``context_tokens``: tokens of the context including this turn, if the driver counts
-        them; ``finished``: False if the turn hit its token budget without end-of-turn.
+        them; ``finished``: False if the turn hit its token budget without end-of-turn (a
+        ``context_tokens`` cut if the context was full, else an ``unfinished_turn`` cut).
         """
         if self._result is not None:
             raise RuntimeError("the episode is over")
         st, lim = self.state, self.state.limits
         st.messages.append(Message("assistant", model_text))
         st.turns += 1
+        if context_tokens is not None and (context_tokens > lim.max_context_tokens or
+                                           (not finished and context_tokens >= lim.max_context_tokens)):
+            # over the limit, or stopped because the context had no room left
+            return self._finish(Cut(CutKind.CONTEXT_TOKENS, lim.max_context_tokens, context_tokens, st.turns))
         if not finished:
             return self._finish(Cut(CutKind.UNFINISHED_TURN, 0, 0, st.turns))
-        if context_tokens is not None and context_tokens > lim.max_context_tokens:
-            return self._finish(Cut(CutKind.CONTEXT_TOKENS, lim.max_context_tokens, context_tokens, st.turns))
         observation = self.env.respond(st, model_text)
         if st.tool_s >= lim.max_tool_s:  # the budget itself stopped a tool
             return self._finish(Cut(CutKind.TOOL_S, lim.max_tool_s, round(st.tool_s, 3), st.turns))
@@ -263,6 +266,15 @@ class Episode:
         if st.turns >= lim.max_turns:
             return self._finish(Cut(CutKind.TURNS, lim.max_turns, st.turns + 1, st.turns))
         return Step(observation=observation)
+
+    def cut_context(self, context_tokens: int) -> EpisodeResult:
+        """End the episode before a model turn: its context leaves no room for one token."""
+        if self._result is not None:
+            raise RuntimeError("the episode is over")
+        lim = self.state.limits
+        step = self._finish(Cut(CutKind.CONTEXT_TOKENS, lim.max_context_tokens, context_tokens, self.state.turns + 1))
+        assert step.result is not None
+        return step.result
 
     def _finish(self, cut: Cut | None) -> Step:
         st = self.state

@@ -120,6 +120,13 @@ class ChatRenderer:
             raise TemplateError("the template rewrites earlier turns when more are added (not prefix-stable)")
         return full[len(head):]
 
+    def after_turn_text(self, before: Sequence[Message], reply: Message, following: Sequence[Message],
+                        generation_prompt: bool) -> str:
+        """The context text after a model turn: the template's tail of the turn, the ``following``
+        observations and, if asked, the next turn's generation prompt."""
+        _, tail = self.turn_texts(before, reply)
+        return tail + self.between_texts([*before, reply], following, generation_prompt)
+
     def trajectory(self, messages: Sequence[Message], model_ids: Sequence[Sequence[int]] | None = None) -> Trajectory:
         """The trajectory of a transcript; ``model_ids[k]``: the sampled ids of the k-th model turn
         (content and end-of-turn), or encoded from the text when not given."""
@@ -131,9 +138,10 @@ class ChatRenderer:
         b = TrajectoryBuilder()
         b.add_context(self.encode(self.prompt_text(messages[: turns[0]])))
         for k, i in enumerate(turns):
-            model_text, tail = self.turn_texts(messages[:i], messages[i])
+            model_text, _ = self.turn_texts(messages[:i], messages[i])
             b.add_model(model_ids[k] if model_ids is not None else self.encode(model_text))
             nxt_end = turns[k + 1] if k + 1 < len(turns) else len(messages)
-            between = self.between_texts(messages[: i + 1], messages[i + 1: nxt_end], k + 1 < len(turns))
-            b.add_context(self.encode(tail + between))  # ends with the next turn's generation prompt
+            # ends with the next turn's generation prompt
+            b.add_context(self.encode(self.after_turn_text(messages[:i], messages[i], messages[i + 1: nxt_end],
+                                                           k + 1 < len(turns))))
         return b.build()

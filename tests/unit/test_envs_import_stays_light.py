@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-MODULES = ["engine.envs", "engine.envs.contract", "engine.envs.trajectory", "engine.envs.tools", "engine.envs.stats",
+MODULES = ["engine.envs", "engine.envs.contract", "engine.envs.trajectory", "engine.envs.tools", "engine.envs.stats", "engine.envs.token_rollout",
            "engine.envs.calculator", "engine.envs.sandbox", "engine.envs.tool_env"]
 
 

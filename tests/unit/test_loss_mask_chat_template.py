@@ -8,33 +8,18 @@ from __future__ import annotations
 
 import re
 
-import jinja2.sandbox
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.envs.contract import Message
 from engine.envs.tools import format_tool_call
 from engine.envs.trajectory import ChatRenderer, TemplateError, TrajectoryBuilder
+from tests.support.chat_templates import LLAMA3, SMOLLM2, TURNS, render_fn, train_tokenizer
 
-SMOLLM2 = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-LLAMA3 = (
-    "{{ '<|begin_of_text|>' }}{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
 #: drops the content of every model turn but the last (like templates that strip past reasoning)
 NOT_PREFIX_STABLE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
     "{% if message['role'] == 'assistant' and not loop.last %}{{ '...' }}{% else %}{{ message['content'] }}{% endif %}"
     "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-SPECIALS = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-#: the model-turn pattern of each template: (turn opener, end of turn)
-TURNS = {SMOLLM2: ("<|im_start|>assistant\n", "<|im_end|>"),
-         LLAMA3: ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>")}
-
 CONVERSATION = (
     Message("system", "You can use tools."),
     Message("user", "What is 1234 * 5678 + 9?"),
@@ -48,27 +33,15 @@ CONVERSATION = (
 )
 
 
-def _renderer_fn(template: str):
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    compiled = env.from_string(template)
-    return lambda messages, add_generation_prompt: compiled.render(messages=list(messages),
-                                                                   add_generation_prompt=add_generation_prompt)
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [_renderer_fn(t)([m.as_dict() for m in CONVERSATION], True) for t in (SMOLLM2, LLAMA3)] * 20
-    corpus += ["the quick brown fox computes 12 * 34 = 408 and answers", "calculator expression arguments name"]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    corpus = [render_fn(t)([m.as_dict() for m in CONVERSATION], True) for t in (SMOLLM2, LLAMA3)] * 20
+    return train_tokenizer(corpus + ["the quick brown fox computes 12 * 34 = 408 and answers"])
 
 
 def _renderer(template, tokenizer):
-    return ChatRenderer(_renderer_fn(template), lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+    return ChatRenderer(render_fn(template), lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                         TURNS[template][1])
 
 
@@ -96,7 +69,7 @@ def _expected_char_mask(full: str, template: str) -> list[int]:
 def test_the_mask_covers_exactly_the_model_turns_and_their_end_of_turn_tokens(tokenizer, template):
     renderer = _renderer(template, tokenizer)
     traj = renderer.trajectory(CONVERSATION)
-    full = _renderer_fn(template)([m.as_dict() for m in CONVERSATION], False)
+    full = render_fn(template)([m.as_dict() for m in CONVERSATION], False)
     text, char_mask = _char_mask(tokenizer, traj.ids, traj.mask)
     assert text == full
     assert char_mask == _expected_char_mask(full, template)
@@ -111,7 +84,7 @@ def test_the_mask_covers_exactly_the_model_turns_and_their_end_of_turn_tokens(to
 def test_before_every_model_turn_the_context_is_exactly_the_generation_prompt(tokenizer, template):
     renderer = _renderer(template, tokenizer)
     traj = renderer.trajectory(CONVERSATION)
-    render = _renderer_fn(template)
+    render = render_fn(template)
     turns = [i for i, m in enumerate(CONVERSATION) if m.role == "assistant"]
     for (start, _), i in zip(traj.model_spans(), turns):
         prompt = render([m.as_dict() for m in CONVERSATION[:i]], True)
@@ -137,7 +110,7 @@ def test_sampled_model_ids_are_kept_verbatim_not_retokenised(tokenizer):
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
-    renderer = ChatRenderer(_renderer_fn(NOT_PREFIX_STABLE),
+    renderer = ChatRenderer(render_fn(NOT_PREFIX_STABLE),
                             lambda text: tokenizer.encode(text, add_special_tokens=False).ids, "<|im_end|>")
     with pytest.raises(TemplateError):
         renderer.trajectory(CONVERSATION)
