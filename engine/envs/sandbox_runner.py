@@ -157,6 +157,8 @@ def _worker(code, workdir):
         exec(compile(code, "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as e:
         code_ = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            sys.stderr.write(f"{e.code}\n")  # as the interpreter does for sys.exit("message")
         sys.stdout.flush()
         os._exit(code_ & 0xFF)
     except MemoryError:

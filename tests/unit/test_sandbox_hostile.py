@@ -294,6 +294,16 @@ def test_killing_its_parent_or_everything_it_can_see_hurts_no_one_outside():
     _assert_next_run_is_normal(sandbox)
 
 
+def test_exit_statuses_and_exceptions_are_reported():
+    sandbox = _sandbox()
+    assert sandbox.run("import sys\nsys.exit(3)").describe() == "exit 3"
+    message = sandbox.run("import sys\nsys.exit('bad input')")
+    assert message.exit_code == 1 and message.output == "bad input\n"
+    crash = sandbox.run("print('before')\n1 / 0\n")
+    assert crash.exit_code == 1 and crash.output.startswith("before\n")
+    assert "ZeroDivisionError" in crash.output
+
+
 def test_without_namespaces_the_default_refuses_to_run(monkeypatch):
     monkeypatch.setattr(Sandbox, "namespaces_available", classmethod(lambda cls: False))
     result = Sandbox(SandboxLimits(**LIMITS)).run("print('ran')")
