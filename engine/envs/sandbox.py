@@ -30,7 +30,9 @@ whose base interpreter lives under ``/root``), it keeps uid 0 behind the namespa
 pids cgroup holds the process cap (root is exempt from RLIMIT_NPROC in any namespace) and
 only the hidden paths (homes, ``/etc/shadow`` ...) keep root-readable files from it.
 It does NOT protect against kernel exploits, and it reads (but cannot change) the rest of
-the file system outside the hidden paths, e.g. the Polis source and the Python library.
+the file system outside the hidden paths, e.g. the Polis source and the Python library. The
+snippet shares its supervisor's namespace, so it can forge the status line that says how it
+ended (which it controls anyway); the parent bounds and validates that line.
 
 Linux without user namespaces, macOS, Windows: no namespace layer exists. With
 ``require_isolation=False`` the snippet runs with the resource limits (macOS does not enforce
@@ -342,12 +344,14 @@ class Sandbox:
         if truncated:
             text += TRUNCATION_MARKER.format(limit=cap)
         try:
-            status = json.loads(status_text.decode() or "{}")
+            status = json.loads(status_text.decode(errors="replace").split("\n", 1)[0] or "{}")
         except ValueError:
             status = {}
+        if not isinstance(status, dict):  # the supervisor wrote it, but the snippet shares its namespace
+            status = {}
         if "refused" in status:
-            return _refusal(f"the sandbox could not isolate the snippet: {status['refused']}", "isolation")
-        exit_code = status.get("exit")
+            return _refusal(f"the sandbox could not isolate the snippet: {str(status['refused'])[:500]}", "isolation")
+        exit_code = status.get("exit") if isinstance(status.get("exit"), int) else None
         sig = status.get("signal")
         sig_name = None
         if isinstance(sig, int):
@@ -365,7 +369,7 @@ class Sandbox:
         ok = limit is None and exit_code == 0 and not truncated
         return SandboxResult(ok=ok, output=text, exit_code=exit_code, signal_name=sig_name, limit=limit,
                              truncated=truncated, wall_s=time.monotonic() - start,
-                             layers=tuple(status.get("layers", ())))
+                             layers=_layers(status.get("layers")))
 
 
 class PidsCgroup:
@@ -446,6 +450,11 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+def _layers(value: object) -> tuple[str, ...]:
+    """The layer names of a status line, bounded (it is read back from inside the sandbox)."""
+    return tuple(str(x)[:32] for x in value[:16]) if isinstance(value, list) else ()
 
 
 def _outermost(paths: set[str]) -> list[str]:

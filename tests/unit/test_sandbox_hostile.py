@@ -294,6 +294,27 @@ def test_killing_its_parent_or_everything_it_can_see_hurts_no_one_outside():
     _assert_next_run_is_normal(sandbox)
 
 
+def test_it_sees_only_its_own_processes():
+    code = ("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+            f"print(os.path.exists('/proc/{os.getpid()}/environ') and os.getpid() > 3)\n")
+    result = _sandbox().run(code)
+    assert result.ok, result
+    pids, parent_visible = result.output.split("\n")[:2]
+    assert pids == "[1, 2]"  # its supervisor and itself
+    assert parent_visible == "False"
+
+
+def test_a_forged_status_line_is_read_as_a_failed_run_not_a_crash():
+    # the snippet shares its supervisor's namespace, so it can write into the status pipe; the
+    # status only says how the snippet ended (which it controls anyway), and it is validated
+    code = ("import os\nfor fd in os.listdir('/proc/1/fd'):\n    try:\n"
+            "        with open(f'/proc/1/fd/{fd}', 'w') as f:\n            f.write('[1, 2, 3]\\n')\n"
+            "    except OSError:\n        pass\n")
+    result = _sandbox().run(code)
+    assert not result.ok and result.limit == "sandbox_error" and result.layers == ()
+    _assert_next_run_is_normal(_sandbox())
+
+
 def test_exit_statuses_and_exceptions_are_reported():
     sandbox = _sandbox()
     assert sandbox.run("import sys\nsys.exit(3)").describe() == "exit 3"
