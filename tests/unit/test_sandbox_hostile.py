@@ -315,6 +315,18 @@ def test_a_forged_status_line_is_read_as_a_failed_run_not_a_crash():
     _assert_next_run_is_normal(_sandbox())
 
 
+def test_parallel_runs_are_isolated_from_each_other():
+    from concurrent.futures import ThreadPoolExecutor
+
+    sandbox = _sandbox()
+    code = ("import os, time\nopen('mine', 'w').write('{n}')\ntime.sleep(0.3)\n"
+            "print(sorted(os.listdir('.')), open('mine').read())")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda n: sandbox.run(code.replace("{n}", str(n))), range(4)))
+    assert [r.output for r in results] == [f"['main.py', 'mine'] {n}\n" for n in range(4)]
+    assert not _sandbox_processes()
+
+
 def test_exit_statuses_and_exceptions_are_reported():
     sandbox = _sandbox()
     assert sandbox.run("import sys\nsys.exit(3)").describe() == "exit 3"
