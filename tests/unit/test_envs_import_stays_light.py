@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-MODULES = ["engine.envs", "engine.envs.contract", "engine.envs.trajectory", "engine.envs.tools", "engine.envs.stats", "engine.envs.token_rollout",
-           "engine.envs.calculator", "engine.envs.sandbox", "engine.envs.tool_env"]
+MODULES = ["engine.envs", "engine.envs.pids_cgroup", "engine.envs.contract", "engine.envs.trajectory",
+           "engine.envs.tools", "engine.envs.stats", "engine.envs.token_rollout", "engine.envs.calculator",
+           "engine.envs.sandbox", "engine.envs.tool_env"]
 
 
 def test_envs_modules_import_without_heavy_packages():
