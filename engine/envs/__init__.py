@@ -1,0 +1,14 @@
+"""Environments: multi-turn episodes, tools, the python sandbox, loss masks of trajectories.
+
+Modules: ``contract`` (the environment contract: items, episodes, limits, cuts, rewards in
+named parts; ``TaskEnvironment``, the one-turn case of a ``Task``), ``trajectory`` (token ids
+and the loss mask of a multi-turn episode from a chat template), ``tools`` (the tagged-JSON
+call format, ``CalculatorTool``, ``PythonTool``), ``calculator`` (exact arithmetic),
+``sandbox`` (+ ``sandbox_runner``, which only ever runs inside the sandbox, and
+``pids_cgroup``), ``stats`` (figures of a batch of episodes), ``tool_env`` (``ToolEnvironment`` and the calculator
+environment over a chat question source), ``token_rollout`` (one episode at the token level:
+one growing context for a KV cache, the trajectory and its behaviour log-probs).
+
+What it does not know: models, backends, the swarm; wiring episodes into the swarm's rollout
+path is the caller's. Importing it pulls in no torch, mlx, Qt or network stack.
+"""

@@ -1,0 +1,1 @@
+"""Test-only helpers (never imported by the product)."""
