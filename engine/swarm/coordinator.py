@@ -16,8 +16,12 @@ One aiohttp application serves:
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
-and nodes simply reconnect. Scheduling is ``engine.swarm.scheduler``. The
-coordinator never receives activations or weights.
+and nodes simply reconnect. Scheduling is three parts the coordinator composes:
+generation (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``)
+and evals (``engine.swarm.eval_scheduler``); they share a ``RunBook`` and reach nodes
+through the coordinator as ``NodeLinks`` (``engine.swarm.run_book``). Node messages are
+dispatched by a table keyed by message type. The coordinator never receives activations
+or weights.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import WSMsgType, web
 
@@ -43,11 +47,16 @@ from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import peer_id_for, verify_signature
 from engine.net.signalling import SignallingServer
 from engine.rl.codec import TaskCodec
+from engine.rl.tasks import make_task
+from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
 from engine.swarm.node import hello_bytes
 from engine.swarm.run_config import RunConfig, run_config_from_dict
-from engine.swarm.scheduler import RunScheduler
+from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.run_book import SEND_TIMEOUT_S, RunBook
+from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.stream_book import StreamBook
 
@@ -117,9 +126,21 @@ class Coordinator:
         self.sessions: dict[str, NodeSession] = {}
         self.signalling = SignallingServer()
         self.streams = StreamBook()
-        self.scheduler = RunScheduler(self.run, self.store, self.codec, self.send, self.routes, self.stage_replicas,
-                                      config.job_timeout_s, config.step_timeout_s, gen_routes=self.gen_routes,
-                                      inference_replicas=self.inference_replicas)
+        task = make_task(self.run.task)
+        rules = UpdateRules(objective=self.run.objective, max_staleness=self.run.max_staleness,
+                            updates_per_batch=self.run.updates_per_batch, max_grad_norm=self.run.max_grad_norm)
+        self.book = RunBook(self.store)
+        self.evals = EvalScheduler(task, self.codec, self.store)
+        self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
+                                              self, job_timeout_s=config.job_timeout_s)
+        self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self,
+                                step_timeout_s=config.step_timeout_s)
+        self._handlers: dict[str, Callable[[NodeSession, dict], None]] = {
+            "ready": self._on_ready, "gen_done": self._on_gen_done, "job_failed": self._on_job_failed,
+            "mb_loss": self._on_mb_loss, "mb_done": self._on_mb_done, "prox_done": self._on_prox_done,
+            "mb_failed": self._on_mb_failed, "stepped": self._on_stepped, "streamed": self._on_streamed,
+            "served": self._on_served, "report": self._on_report, "hello": self._on_second_hello,
+        }
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -142,7 +163,7 @@ class Coordinator:
         self.url = f"http://{self.config.host}:{port}"
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick_loop(), name="polis-coord-tick"))
         log.info("coordinator %s serving run %s (version %d) at %s", __version__, self.run_id,
-                 self.scheduler.version, self.url)
+                 self.book.version, self.url)
         return self.url
 
     async def stop(self) -> None:
@@ -162,13 +183,13 @@ class Coordinator:
         while True:
             await asyncio.sleep(self.config.tick_s)
             try:
-                self.scheduler.expire_jobs()
-                await self.scheduler.fill_generation()
+                self.generation.expire_jobs()
+                await self.generation.fill()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
                         log.error("training step crashed", exc_info=self._train_task.exception())
-                    self._train_task = asyncio.get_running_loop().create_task(self.scheduler.maybe_train(),
+                    self._train_task = asyncio.get_running_loop().create_task(self.steps.maybe_train(),
                                                                               name="polis-coord-step")
             except asyncio.CancelledError:
                 raise
@@ -206,13 +227,14 @@ class Coordinator:
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
     async def send(self, peer_id: str, message: dict) -> bool:
+        """``NodeLinks.send``: False if the peer is gone or the message did not leave within ``SEND_TIMEOUT_S``."""
         session = self.sessions.get(peer_id)
         if session is None or session.ws.closed:
             return False
         try:
-            await session.ws.send_str(json.dumps(message, separators=(",", ":")))
+            await asyncio.wait_for(session.ws.send_str(json.dumps(message, separators=(",", ":"))), SEND_TIMEOUT_S)
             return True
-        except (ConnectionError, RuntimeError) as exc:
+        except (ConnectionError, RuntimeError, asyncio.TimeoutError) as exc:
             log.info("could not send %s to %s: %s", message.get("type"), peer_id, exc)
             return False
 
@@ -222,7 +244,7 @@ class Coordinator:
             if s.stage is not None:
                 members[s.stage].append(s.peer_id)
         inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.scheduler.version,
+        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.book.version,
                    "inference": inference}
         for peer in list(self.sessions):
             await self.send(peer, message)
@@ -238,13 +260,13 @@ class Coordinator:
             source = "keep"
         elif session.role == "inference" and trainers:
             source, source_peer = "peer", trainers[0]  # the stage leader, who then streams deltas to it
-        elif ready and self.scheduler.version > 0:
+        elif ready and self.book.version > 0:
             source, source_peer = "peer", ready[0]
         else:
-            checkpoint = self.scheduler.checkpoints.get(stage)
+            checkpoint = self.steps.checkpoints.get(stage)
         return {"type": "welcome", "stage": stage, "num_stages": self.num_stages, "layer_start": spec.layer_start,
                 "layer_end": spec.layer_end, "num_layers": self.model_config.num_hidden_layers, "source": source,
-                "source_peer": source_peer, "stage_checkpoint": checkpoint, "version": self.scheduler.version,
+                "source_peer": source_peer, "stage_checkpoint": checkpoint, "version": self.book.version,
                 "run": self.run.to_dict(), "run_id": self.run_id,
                 "signal_url": self.url.replace("http://", "ws://", 1) + "/signal"}
 
@@ -312,9 +334,7 @@ class Coordinator:
         if preferred is not None and hello["run_id"] == self.run_id and hello["num_stages"] == self.num_stages:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
-            if hello["version"] > self.scheduler.version:  # we lost a step record; never go backwards
-                self.scheduler.version = hello["version"]
-                self.store.set_meta("version", hello["version"])
+            self.book.advance(hello["version"])  # a node ahead of us: we lost a step record; never go backwards
             stage = preferred
         else:
             stage = assign_new_node(self.assignment, slot)
@@ -339,41 +359,49 @@ class Coordinator:
         return session
 
     def _on_node_message(self, session: NodeSession, m: dict) -> None:
-        kind = m["type"]
-        sched = self.scheduler
-        if kind == "ready":
-            session.ready = m["stage"] == session.stage
-            session.version = m["version"]
-            asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
-        elif kind == "gen_done":
-            sched.on_gen_done(session.peer_id, m)
-        elif kind == "job_failed":
-            if session.peer_id in getattr(sched.jobs.get(m["job"]), "route", ()):
-                sched.on_job_failed(m["job"], m["reason"])
-        elif kind == "mb_loss":
-            sched.on_mb_loss(session.peer_id, m)
-        elif kind == "mb_done":
-            sched.on_mb_done(session.peer_id, m)
-        elif kind == "prox_done":
-            sched.on_prox_done(session.peer_id, m)
-        elif kind == "mb_failed":
-            sched.on_mb_failed(session.peer_id, m)
-        elif kind == "stepped":
-            if session.role != "trainer":
-                raise ProtocolViolation("'stepped' from an inference replica")
-            session.version = m["version"]
-            sched.on_stepped(session.peer_id, m)
-        elif kind == "streamed":
-            self._on_streamed(session, m)
-        elif kind == "served":
-            if session.role != "inference":
-                raise ProtocolViolation("'served' from a trainer")
-            session.version = m["version"]
-            self.streams.on_served(session.peer_id, session.stage, m)
-        elif kind == "report":
-            self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
-        elif kind == "hello":
-            raise ProtocolViolation("hello twice")
+        """Dispatch a validated node message by its type (messages.NODE_TO_COORDINATOR lists them)."""
+        self._handlers[m["type"]](session, m)
+
+    def _on_ready(self, session: NodeSession, m: dict) -> None:
+        session.ready = m["stage"] == session.stage
+        session.version = m["version"]
+        asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
+
+    def _on_gen_done(self, session: NodeSession, m: dict) -> None:
+        self.generation.on_gen_done(session.peer_id, m)
+
+    def _on_job_failed(self, session: NodeSession, m: dict) -> None:
+        self.generation.on_job_failed(session.peer_id, m["job"], m["reason"])
+
+    def _on_mb_loss(self, session: NodeSession, m: dict) -> None:
+        self.steps.on_mb_loss(session.peer_id, m)
+
+    def _on_mb_done(self, session: NodeSession, m: dict) -> None:
+        self.steps.microbatches.on_mb_done(session.peer_id, m)
+
+    def _on_prox_done(self, session: NodeSession, m: dict) -> None:
+        self.steps.microbatches.on_prox_done(session.peer_id, m)
+
+    def _on_mb_failed(self, session: NodeSession, m: dict) -> None:
+        self.steps.microbatches.on_mb_failed(session.peer_id, m)
+
+    def _on_stepped(self, session: NodeSession, m: dict) -> None:
+        if session.role != "trainer":
+            raise ProtocolViolation("'stepped' from an inference replica")
+        session.version = m["version"]
+        self.steps.on_stepped(session.peer_id, m)
+
+    def _on_served(self, session: NodeSession, m: dict) -> None:
+        if session.role != "inference":
+            raise ProtocolViolation("'served' from a trainer")
+        session.version = m["version"]
+        self.streams.on_served(session.peer_id, session.stage, m)
+
+    def _on_report(self, session: NodeSession, m: dict) -> None:
+        self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
+
+    def _on_second_hello(self, session: NodeSession, m: dict) -> None:
+        raise ProtocolViolation("hello twice")
 
     def _on_streamed(self, session: NodeSession, m: dict) -> None:
         """A leader's stream report: every replica it names must be an inference replica of its stage."""
@@ -391,7 +419,8 @@ class Coordinator:
         remove_node(self.assignment, session.peer_id)
         self.streams.forget(session.peer_id)
         log.info("node %s left stage %s", session.peer_id, session.stage)
-        self.scheduler.on_node_lost(session.peer_id)
+        self.generation.on_node_lost(session.peer_id)
+        self.steps.on_node_lost(session.peer_id)
         for peer_id, old_stage, new_stage in rebalance(self.assignment):
             moved = self.sessions.get(peer_id)
             if moved is None:
@@ -412,39 +441,39 @@ class Coordinator:
         return guarded
 
     async def _post_eval(self, request: web.Request) -> web.Response:
-        self.scheduler.request_eval()
-        return web.json_response({"eval_of_version": self.scheduler.version})
+        self.evals.request(self.book.version)
+        return web.json_response({"eval_of_version": self.book.version})
 
     async def _post_finish(self, request: web.Request) -> web.Response:
-        self.scheduler.finished = True
-        self.scheduler.request_eval()
-        return web.json_response({"finished_at_version": self.scheduler.version})
+        self.book.finished = True
+        self.evals.request(self.book.version)
+        return web.json_response({"finished_at_version": self.book.version})
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
     def stats(self) -> dict[str, Any]:
-        sched = self.scheduler
+        book, generation, steps = self.book, self.generation, self.steps
         replicas = self.stage_replicas()
         inference = self.inference_replicas()
         ledger = self.store.ledger()
         return {
-            "run_id": self.run_id, "version": sched.version, "finished": sched.finished,
+            "run_id": self.run_id, "version": book.version, "finished": book.finished,
             "task": self.run.task.name, "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
-                       "rollouts_scored": sched.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
             "weight_stream": self.streams.stats(),
-            "evals": self.store.evals(), "eval_running": sched.eval_round is not None,
+            "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
                          for v in self.store.versions()],
-            "steps": sched.step_log[-50:], "rollouts": self.store.rollout_counts(),
-            "received_rollouts": sched.received_rollouts, "jobs_in_flight": len(sched.jobs),
-            "staleness_histogram": {str(k): v for k, v in sorted(sched.staleness_hist.items())},
-            "counters": dict(sched.stats), "update_bytes": sched.update_bytes,
-            "dense_update_bytes": sched.dense_update_bytes, "ledger": ledger,
+            "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
+            "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
+            "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
+            "counters": dict(book.counters), "update_bytes": steps.update_bytes,
+            "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
             "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
             "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),
         }

@@ -44,7 +44,7 @@ def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers
 
     def stepped_on_apply(peer, message):
         if message["type"] == "apply":
-            c.scheduler.on_stepped(peer, {"step": message["step"], "version": message["version"], "checksum": 1.0,
+            c.steps.on_stepped(peer, {"step": message["step"], "version": message["version"], "checksum": 1.0,
                                           "update_bytes": 0, "dense_bytes": 0, "checkpoint_path": None})
 
     async def apply():
@@ -55,7 +55,7 @@ def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers
             stepped_on_apply(self.peer, json.loads(text))
         FakeWs.send_str = send_and_answer
         try:
-            return await c.scheduler._apply(0)
+            return await c.steps._apply(0)
         finally:
             FakeWs.send_str = ws_send
 
@@ -63,7 +63,7 @@ def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers
     applies = {peer: m for peer, m in c.outbox if m["type"] == "apply"}
     assert sorted(applies) == ["t0", "t1"]  # inference replicas never train
     assert applies["t0"]["inference"] == ["i0"] and applies["t1"]["inference"] == ["i1"]
-    assert c.scheduler.version == 1
+    assert c.book.version == 1
 
 
 def test_an_inference_replica_loads_from_its_stage_leader_and_trainers_keep_the_old_rule(coordinator):
@@ -74,7 +74,7 @@ def test_an_inference_replica_loads_from_its_stage_leader_and_trainers_keep_the_
     assert welcome["source"] == "peer" and welcome["source_peer"] == "t0"  # even at version 0: start the stream
     trainer = NodeSession("t2", FakeWs("t2", c.outbox), "torch", "cpu")
     assert c._welcome(trainer, 0, fresh)["source"] == "checkpoint"  # version 0: the base is as good
-    c.scheduler.version = 3
+    c.book.version = 3
     assert c._welcome(trainer, 0, fresh)["source_peer"] == "t0"
     del c.sessions["t0"]  # no trainer left on stage 0: a trainer may copy the inference replica
     assert c._welcome(trainer, 0, fresh)["source_peer"] == "i0"
