@@ -19,9 +19,9 @@ Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 and nodes simply reconnect. Scheduling is three parts the coordinator composes:
 generation (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``)
 and evals (``engine.swarm.eval_scheduler``); they share a ``RunBook`` and reach nodes
-through the coordinator as ``NodeLinks`` (``engine.swarm.run_book``). Node messages are
-dispatched by a table keyed by message type. The coordinator never receives activations
-or weights.
+through ``engine.swarm.membership`` as ``NodeLinks`` (``engine.swarm.run_book``). Node
+messages go to ``engine.swarm.node_reports``, which dispatches them by type. The
+coordinator never receives activations or weights.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -51,10 +51,12 @@ from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
-from engine.swarm.node import hello_bytes
-from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.eval_scheduler import EvalScheduler
-from engine.swarm.run_book import SEND_TIMEOUT_S, RunBook
+from engine.swarm.membership import Membership, NodeSession
+from engine.swarm.node import hello_bytes
+from engine.swarm.node_reports import NodeReports
+from engine.swarm.run_book import RunBook
+from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
@@ -90,19 +92,6 @@ class CoordinatorConfig:
     tick_s: float = 0.05
 
 
-@dataclass
-class NodeSession:
-    peer_id: str
-    ws: web.WebSocketResponse
-    backend: str
-    device: str
-    stage: int | None = None
-    ready: bool = False
-    version: int = 0
-    joined: float = field(default_factory=time.time)
-    role: str = "trainer"  #: "trainer" or "inference" (generation only)
-
-
 class Coordinator:
     """``await c.start()`` serves until ``await c.stop()``."""
 
@@ -123,7 +112,8 @@ class Coordinator:
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)
-        self.sessions: dict[str, NodeSession] = {}
+        self.members = Membership(self.num_stages)
+        self.sessions = self.members.sessions  #: peer id -> session of every admitted node
         self.signalling = SignallingServer()
         self.streams = StreamBook()
         task = make_task(self.run.task)
@@ -132,15 +122,11 @@ class Coordinator:
         self.book = RunBook(self.store)
         self.evals = EvalScheduler(task, self.codec, self.store)
         self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
-                                              self, job_timeout_s=config.job_timeout_s)
-        self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self,
+                                              self.members, job_timeout_s=config.job_timeout_s)
+        self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
-        self._handlers: dict[str, Callable[[NodeSession, dict], None]] = {
-            "ready": self._on_ready, "gen_done": self._on_gen_done, "job_failed": self._on_job_failed,
-            "mb_loss": self._on_mb_loss, "mb_done": self._on_mb_done, "prox_done": self._on_prox_done,
-            "mb_failed": self._on_mb_failed, "stepped": self._on_stepped, "streamed": self._on_streamed,
-            "served": self._on_served, "report": self._on_report, "hello": self._on_second_hello,
-        }
+        self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
+                                   on_ready=self._members_changed)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -197,62 +183,18 @@ class Coordinator:
                 log.exception("scheduling tick failed")
                 await asyncio.sleep(1.0)
 
-    # ------------------------------------------------------------------ topology
-    def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
-        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
-        out: list[list[str]] = [[] for _ in range(self.num_stages)]
-        for s in self.sessions.values():
-            if s.ready and s.stage is not None and (role is None or s.role == role):
-                out[s.stage].append(s.peer_id)
-        return [sorted(ids) for ids in out]
-
-    def inference_replicas(self) -> list[list[str]]:
-        return self.stage_replicas("inference")
-
-    @staticmethod
-    def _pipelines(replicas: list[list[str]]) -> list[list[str]]:
-        """Complete pipelines: route r takes replica r (mod count) of every stage."""
-        if not all(replicas):
-            return []
-        width = max(len(ids) for ids in replicas)
-        return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
-
-    def routes(self) -> list[list[str]]:
-        """Training routes: trainers only."""
-        return self._pipelines(self.stage_replicas())
-
-    def gen_routes(self) -> list[list[str]]:
-        """Generation routes: any ready replica of each stage (trainers, then inference replicas)."""
-        trainers, inference = self.stage_replicas(), self.inference_replicas()
-        return self._pipelines([t + i for t, i in zip(trainers, inference)])
-
-    async def send(self, peer_id: str, message: dict) -> bool:
-        """``NodeLinks.send``: False if the peer is gone or the message did not leave within ``SEND_TIMEOUT_S``."""
-        session = self.sessions.get(peer_id)
-        if session is None or session.ws.closed:
-            return False
-        try:
-            await asyncio.wait_for(session.ws.send_str(json.dumps(message, separators=(",", ":"))), SEND_TIMEOUT_S)
-            return True
-        except (ConnectionError, RuntimeError, asyncio.TimeoutError) as exc:
-            log.info("could not send %s to %s: %s", message.get("type"), peer_id, exc)
-            return False
+    def _members_changed(self) -> None:
+        asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
 
     async def _broadcast_members(self) -> None:
-        members = [[] for _ in range(self.num_stages)]
-        for s in self.sessions.values():
-            if s.stage is not None:
-                members[s.stage].append(s.peer_id)
-        inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.book.version,
-                   "inference": inference}
+        message = self.members.members_message(self.book.version)
         for peer in list(self.sessions):
-            await self.send(peer, message)
+            await self.members.send(peer, message)
 
     def _welcome(self, session: NodeSession, stage: int, hello: dict) -> dict:
         spec = self.specs[stage]
-        trainers = [p for p in self.stage_replicas()[stage] if p != session.peer_id]
-        ready = trainers or [p for p in self.inference_replicas()[stage] if p != session.peer_id]
+        trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
+        ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello["stage"] == stage and hello["num_stages"] == self.num_stages
                 and hello["run_id"] == self.run_id)
         source, source_peer, checkpoint = "checkpoint", None, None
@@ -359,60 +301,7 @@ class Coordinator:
         return session
 
     def _on_node_message(self, session: NodeSession, m: dict) -> None:
-        """Dispatch a validated node message by its type (messages.NODE_TO_COORDINATOR lists them)."""
-        self._handlers[m["type"]](session, m)
-
-    def _on_ready(self, session: NodeSession, m: dict) -> None:
-        session.ready = m["stage"] == session.stage
-        session.version = m["version"]
-        asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
-
-    def _on_gen_done(self, session: NodeSession, m: dict) -> None:
-        self.generation.on_gen_done(session.peer_id, m)
-
-    def _on_job_failed(self, session: NodeSession, m: dict) -> None:
-        self.generation.on_job_failed(session.peer_id, m["job"], m["reason"])
-
-    def _on_mb_loss(self, session: NodeSession, m: dict) -> None:
-        self.steps.on_mb_loss(session.peer_id, m)
-
-    def _on_mb_done(self, session: NodeSession, m: dict) -> None:
-        self.steps.microbatches.on_mb_done(session.peer_id, m)
-
-    def _on_prox_done(self, session: NodeSession, m: dict) -> None:
-        self.steps.microbatches.on_prox_done(session.peer_id, m)
-
-    def _on_mb_failed(self, session: NodeSession, m: dict) -> None:
-        self.steps.microbatches.on_mb_failed(session.peer_id, m)
-
-    def _on_stepped(self, session: NodeSession, m: dict) -> None:
-        if session.role != "trainer":
-            raise ProtocolViolation("'stepped' from an inference replica")
-        session.version = m["version"]
-        self.steps.on_stepped(session.peer_id, m)
-
-    def _on_served(self, session: NodeSession, m: dict) -> None:
-        if session.role != "inference":
-            raise ProtocolViolation("'served' from a trainer")
-        session.version = m["version"]
-        self.streams.on_served(session.peer_id, session.stage, m)
-
-    def _on_report(self, session: NodeSession, m: dict) -> None:
-        self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
-
-    def _on_second_hello(self, session: NodeSession, m: dict) -> None:
-        raise ProtocolViolation("hello twice")
-
-    def _on_streamed(self, session: NodeSession, m: dict) -> None:
-        """A leader's stream report: every replica it names must be an inference replica of its stage."""
-        if session.role != "trainer":
-            raise ProtocolViolation("'streamed' from an inference replica")
-        for entry in m["streams"]:
-            target = self.sessions.get(entry["peer"])
-            if target is None or target.role != "inference" or target.stage != session.stage:
-                raise ProtocolViolation(f"'streamed' names {entry['peer']}, not an inference replica of "
-                                        f"stage {session.stage}")
-        self.streams.on_streamed(session.peer_id, session.stage, m["version"], m["streams"])
+        self.reports.handle(session, m)
 
     async def _node_left(self, session: NodeSession) -> None:
         del self.sessions[session.peer_id]
@@ -427,7 +316,7 @@ class Coordinator:
                 continue
             log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
             moved.stage, moved.ready = new_stage, False
-            await self.send(peer_id, self._welcome(moved, new_stage, {"stage": None, "num_stages": None,
+            await self.members.send(peer_id, self._welcome(moved, new_stage, {"stage": None, "num_stages": None,
                                                                        "run_id": None}))
         await self._broadcast_members()
 
@@ -454,8 +343,8 @@ class Coordinator:
 
     def stats(self) -> dict[str, Any]:
         book, generation, steps = self.book, self.generation, self.steps
-        replicas = self.stage_replicas()
-        inference = self.inference_replicas()
+        replicas = self.members.stage_replicas()
+        inference = self.members.inference_replicas()
         ledger = self.store.ledger()
         return {
             "run_id": self.run_id, "version": book.version, "finished": book.finished,

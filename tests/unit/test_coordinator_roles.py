@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -36,11 +35,11 @@ def coordinator(tmp_path):
 
 def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers(coordinator):
     c = coordinator
-    assert c.routes() == [["t0", "t1"]]
-    assert c.gen_routes() == [["t0", "t1"], ["i0", "t1"]]
-    assert c.stage_replicas() == [["t0"], ["t1"]] and c.inference_replicas() == [["i0"], []]
+    assert c.members.routes() == [["t0", "t1"]]
+    assert c.members.gen_routes() == [["t0", "t1"], ["i0", "t1"]]
+    assert c.members.stage_replicas() == [["t0"], ["t1"]] and c.members.inference_replicas() == [["i0"], []]
     c.sessions["i1"].ready = True
-    assert c.gen_routes() == [["t0", "t1"], ["i0", "i1"]]
+    assert c.members.gen_routes() == [["t0", "t1"], ["i0", "i1"]]
 
     def stepped_on_apply(peer, message):
         if message["type"] == "apply":
