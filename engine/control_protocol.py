@@ -85,7 +85,8 @@ Limits = msgspec.defstruct(
 
 Text = Annotated[str, Meta(max_length=1000)]
 Name = Annotated[str, Meta(max_length=200)]
-Count = Annotated[float, Meta(ge=0.0, le=1e18)]
+#: a non-negative figure; ints stay ints on the wire (the GUI shows them as sent)
+Count = Union[Annotated[int, Meta(ge=0, le=10**18)], Annotated[float, Meta(ge=0.0, le=1e18)]]
 Version = Annotated[int, Meta(ge=0, le=1 << 40)]
 State = Literal["idle", "connecting", "loading", "contributing", "paused", "stopping", "error"]
 
@@ -160,7 +161,7 @@ class Stats(_Event, tag="stats"):
     points: Count  # contribution points this session
     policy_version: Version | None  # version of the weights it holds
     staleness_mean: Annotated[float, Meta(ge=0.0, le=1e9)] | None  # mean rollout staleness, versions
-    tokens_per_s: Annotated[float, Meta(ge=0.0, le=1e12)]  # recent generation rate
+    tokens_per_s: Count  # recent generation rate
     compute_busy_fraction: Annotated[float, Meta(ge=0.0, le=1e3)] | UnsetType = UNSET  # compute thread busy share
 
 
