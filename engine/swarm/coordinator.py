@@ -30,7 +30,6 @@ import asyncio
 import base64
 import binascii
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -191,12 +190,13 @@ class Coordinator:
         for peer in list(self.sessions):
             await self.members.send(peer, message)
 
-    def _welcome(self, session: NodeSession, stage: int, hello: dict) -> dict:
+    def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> dict:
+        """The ``welcome`` to a node now serving ``stage`` (``hello``: what it held, None when moved)."""
         spec = self.specs[stage]
         trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
         ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
-        keep = (hello["stage"] == stage and hello["num_stages"] == self.num_stages
-                and hello["run_id"] == self.run_id)
+        keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
+                and hello.run_id == self.run_id)
         source, source_peer, checkpoint = "checkpoint", None, None
         if keep:
             source = "keep"
@@ -229,8 +229,7 @@ class Coordinator:
                 if msg.type != WSMsgType.TEXT:
                     break
                 try:
-                    data = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data))
-                    self._on_node_message(session, data)
+                    self.reports.handle(session, messages.decode_from_node(msg.data))
                 except (ValueError, ProtocolViolation) as exc:
                     strikes += 1
                     log.warning("invalid message from %s (%d strikes): %s", session.peer_id, strikes, exc)
@@ -243,40 +242,39 @@ class Coordinator:
                 await ws.close()
         return ws
 
-    async def _authenticate(self, ws: web.WebSocketResponse) -> dict | None:
+    async def _authenticate(self, ws: web.WebSocketResponse) -> messages.Hello | None:
         nonce = secrets.token_hex(16)
         await ws.send_json({"type": "challenge", "nonce": nonce})
         try:
             msg = await ws.receive(timeout=15.0)
-            hello = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data)) if msg.type == WSMsgType.TEXT else None
-            if hello is None or hello["type"] != "hello":
+            hello = messages.decode_from_node(msg.data) if msg.type == WSMsgType.TEXT else None
+            if not isinstance(hello, messages.Hello):
                 raise ProtocolViolation("expected hello")
-            public_key = base64.b64decode(hello["public_key"], validate=True)
-            signature = base64.b64decode(hello["signature"], validate=True)
-            if peer_id_for(public_key) != hello["peer_id"]:
+            public_key = base64.b64decode(hello.public_key, validate=True)
+            signature = base64.b64decode(hello.signature, validate=True)
+            if peer_id_for(public_key) != hello.peer_id:
                 raise AuthenticationError("peer id does not match the public key")
             verify_signature(public_key, hello_bytes(nonce, public_key), signature)
         except (asyncio.TimeoutError, ValueError, binascii.Error, ProtocolViolation, AuthenticationError) as exc:
             log.warning("refused a node: %s", exc)
             await ws.send_json({"type": "shutdown", "reason": f"not admitted: {exc}"[:500]})
             return None
-        hello["_public_key"] = public_key
         return hello
 
-    async def _admit(self, ws: web.WebSocketResponse, hello: dict) -> NodeSession | None:
-        peer_id = hello["peer_id"]
+    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
+        peer_id = hello.peer_id
         old = self.sessions.pop(peer_id, None)
         if old is not None:
             remove_node(self.assignment, peer_id)
             await old.ws.close()
-        role = hello.get("role", "trainer")
-        session = NodeSession(peer_id, ws, hello["backend"], hello["device"], role=role)
-        slot = NodeSlot(peer_id, max_layers=hello["max_layers"], role=role)
-        preferred = hello["stage"]
-        if preferred is not None and hello["run_id"] == self.run_id and hello["num_stages"] == self.num_stages:
+        role = hello.role
+        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
+        slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
+        preferred = hello.stage
+        if preferred is not None and hello.run_id == self.run_id and hello.num_stages == self.num_stages:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
-            self.book.advance(hello["version"])  # a node ahead of us: we lost a step record; never go backwards
+            self.book.advance(hello.version)  # a node ahead of us: we lost a step record; never go backwards
             stage = preferred
         else:
             stage = assign_new_node(self.assignment, slot)
@@ -285,23 +283,20 @@ class Coordinator:
                                                               "(raise its memory limit)"})
             return None
         welcome = self._welcome(session, stage, hello)
-        if welcome["source"] == "checkpoint" and not hello["has_base"]:
+        if welcome["source"] == "checkpoint" and not hello.has_base:
             await ws.send_json({"type": "shutdown", "reason": "no copy of the model here and no replica to "
                                                               "fetch it from; try again when a replica is up"})
             remove_node(self.assignment, peer_id)
             return None
         session.stage = stage
         self.sessions[peer_id] = session
-        self.store.upsert_peer(peer_id, hello["public_key"], backend=hello["backend"], device=hello["device"],
+        self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
                                stage=stage, role=role)
         await ws.send_json(welcome)
         await self._broadcast_members()
-        log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello["backend"],
+        log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
                  welcome["source"])
         return session
-
-    def _on_node_message(self, session: NodeSession, m: dict) -> None:
-        self.reports.handle(session, m)
 
     async def _node_left(self, session: NodeSession) -> None:
         del self.sessions[session.peer_id]
@@ -316,8 +311,7 @@ class Coordinator:
                 continue
             log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
             moved.stage, moved.ready = new_stage, False
-            await self.members.send(peer_id, self._welcome(moved, new_stage, {"stage": None, "num_stages": None,
-                                                                       "run_id": None}))
+            await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
 
     # ------------------------------------------------------------------ HTTP API

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.rl.batch import TrainBatch
+from engine.swarm import messages
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
@@ -118,28 +119,28 @@ class MicrobatchDispatcher:
         waiting = self._in_flight.get((step, mb, forward_only))
         return None if waiting is None or waiting.future.done() else waiting
 
-    def on_mb_done(self, sender: str, m: dict) -> None:
+    def on_mb_done(self, sender: str, m: messages.MbDone) -> None:
         """The first stage finished the backward of a micro-batch."""
-        waiting = self._waiting(m["step"], m["mb"], False)
+        waiting = self._waiting(m.step, m.mb, False)
         if waiting is not None and sender == waiting.route[0]:
             waiting.future.set_result(("done", ""))
 
-    def on_prox_done(self, sender: str, m: dict) -> None:
+    def on_prox_done(self, sender: str, m: messages.ProxDone) -> None:
         """The last stage returns a forward-only micro-batch's log-probs."""
-        waiting = self._waiting(m["step"], m["mb"], True)
+        waiting = self._waiting(m.step, m.mb, True)
         if waiting is None or sender != waiting.route[-1]:
             return
-        rows = m["logprobs"]
+        rows = m.logprobs
         if any(len(r) != len(rows[0]) for r in rows):
             waiting.future.set_result(("failed", "ragged proximal log-probs"))
             return
         waiting.future.set_result(("done", np.asarray(rows, dtype=np.float32)))
 
-    def on_mb_failed(self, sender: str, m: dict) -> None:
+    def on_mb_failed(self, sender: str, m: messages.MbFailed) -> None:
         for forward_only in (False, True):
-            waiting = self._waiting(m["step"], m["mb"], forward_only)
+            waiting = self._waiting(m.step, m.mb, forward_only)
             if waiting is not None and sender in waiting.route:
-                waiting.future.set_result(("failed", m["reason"]))
+                waiting.future.set_result(("failed", m.reason))
 
     def on_node_lost(self, peer_id: str) -> None:
         for waiting in list(self._in_flight.values()):

@@ -28,6 +28,7 @@ from engine.rl.codec import TaskCodec
 from engine.rl.tasks import Task
 from engine.rl.tasks.rewards import token_reward
 from engine.rl.update import UpdateRules
+from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
@@ -121,41 +122,41 @@ class GenerationScheduler:
                 return batch
 
     # ------------------------------------------------------------------ results
-    def on_gen_done(self, sender: str, m: dict) -> None:
-        job = self.jobs.get(m["job"])
+    def on_gen_done(self, sender: str, m: messages.GenDone) -> None:
+        job = self.jobs.get(m.job)
         if job is None or sender != job.route[-1]:
             self.book.counters["unexpected_results"] += 1
             return
         rows = len(job.prompts) * (1 if job.kind == "eval" else self.run.group_size)
-        if len(m["tokens"]) != rows or len(m["logprobs"]) != rows or len(m["versions"]) != len(job.route) or \
-                any(len(t) != len(lp) for t, lp in zip(m["tokens"], m["logprobs"])):
+        if len(m.tokens) != rows or len(m.logprobs) != rows or len(m.versions) != len(job.route) or \
+                any(len(t) != len(lp) for t, lp in zip(m.tokens, m.logprobs)):
             self.book.counters["malformed_results"] += 1
             self._fail_job(job.job, "malformed result")
             return
         del self.jobs[job.job]
         if job.kind == "eval":
-            self.evals.on_result(job.job, m["tokens"], m["versions"])
+            self.evals.on_result(job.job, m.tokens, m.versions)
         else:
             self._score_groups(job, m)
 
-    def _score_groups(self, job: GenJob, m: dict) -> None:
+    def _score_groups(self, job: GenJob, m: messages.GenDone) -> None:
         g = self.run.group_size
-        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m["tokens"][k * g:(k + 1) * g]]
+        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m.tokens[k * g:(k + 1) * g]]
                             for k, prompt in enumerate(job.prompts)])
         adv, _ = self.rules.advantages(rewards)
-        min_version = min(m["versions"])
+        min_version = min(m.versions)
         rows = []
         for k, prompt in enumerate(job.prompts):
             sl = slice(k * g, (k + 1) * g)
             rows += [dict(group_id=f"{job.job}:{k}", prompt=prompt, tokens=t, behaviour_logprobs=lp,
-                          versions=m["versions"], min_version=min_version, reward=float(r), advantage=float(a))
-                     for t, lp, r, a in zip(m["tokens"][sl], m["logprobs"][sl], rewards[k], adv[k])]
+                          versions=m.versions, min_version=min_version, reward=float(r), advantage=float(a))
+                     for t, lp, r, a in zip(m.tokens[sl], m.logprobs[sl], rewards[k], adv[k])]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         for peer in set(job.route):
             self.scored_by_peer[peer] += len(rows)
         counters = self.book.counters
-        counters["completion_tokens"] += sum(len(t) for t in m["tokens"])
+        counters["completion_tokens"] += sum(len(t) for t in m.tokens)
         counters["reward_sum"] += float(rewards.sum())
         counters["reward_count"] += rewards.size
 

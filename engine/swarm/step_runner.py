@@ -34,6 +34,7 @@ from engine.rl.batch import TrainBatch, stack_batches
 from engine.rl.codec import TaskCodec
 from engine.rl.rollout import Group, Sample
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
+from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
@@ -59,8 +60,8 @@ class StepRunner:
         self.update_bytes = 0
         self.dense_update_bytes = 0
         self.checkpoints: dict[int, str] = {int(k): v for k, v in (store.get_meta("stage_checkpoints", {}) or {}).items()}
-        self._mb_losses: dict[int, list[dict]] = defaultdict(list)
-        self._stepped: dict[int, dict[str, dict]] = defaultdict(dict)
+        self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
+        self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
 
     # ------------------------------------------------------------------ batches
@@ -166,9 +167,9 @@ class StepRunner:
             "version": version, "reward": float(np.mean(rewards)), "samples": int(mini.num_rows),
             "seconds": round(time.monotonic() - started, 3),
             "staleness_mean": float(mini.staleness.mean()),
-            "masked_fraction": float(np.mean([x["masked_fraction"] for x in losses])) if losses else 0.0,
-            "ess": float(np.mean([x["ess"] for x in losses])) if losses else 1.0,
-            "loss": float(np.sum([x["loss"] for x in losses])) if losses else 0.0,
+            "masked_fraction": float(np.mean([x.masked_fraction for x in losses])) if losses else 0.0,
+            "ess": float(np.mean([x.ess for x in losses])) if losses else 1.0,
+            "loss": float(np.sum([x.loss for x in losses])) if losses else 0.0,
         }
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
         self.step_log.append(entry)
@@ -217,35 +218,35 @@ class StepRunner:
             return False
         self.book.advance(version)
         for m in reports.values():
-            self.update_bytes += m["update_bytes"]
-            self.dense_update_bytes += m["dense_bytes"]
+            self.update_bytes += m.update_bytes
+            self.dense_update_bytes += m.dense_bytes
         await self._check_replicas(reports)
         return True
 
-    async def _check_replicas(self, reports: dict[str, dict]) -> None:
+    async def _check_replicas(self, reports: dict[str, messages.Stepped]) -> None:
         """Replicas of a stage must hold equal weights; resync any that drifted."""
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
             for peer, m in seen:
-                if m.get("checkpoint_path"):
-                    self.checkpoints[stage] = m["checkpoint_path"]
+                if m.checkpoint_path:
+                    self.checkpoints[stage] = m.checkpoint_path
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
             if len(seen) < 2:
                 continue
             leader, lead = seen[0]
             for peer, m in seen[1:]:
-                if abs(m["checksum"] - lead["checksum"]) > 1e-3 * max(1.0, abs(lead["checksum"])):
+                if abs(m.checksum - lead.checksum) > 1e-3 * max(1.0, abs(lead.checksum)):
                     self.book.counters["resyncs"] += 1
                     log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
                     await self.links.send(peer, {"type": "sync", "source_peer": leader})
 
     # ------------------------------------------------------------------ node reports
-    def on_mb_loss(self, sender: str, m: dict) -> None:
-        self._mb_losses[m["step"]].append(m)
+    def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:
+        self._mb_losses[m.step].append(m)
 
-    def on_stepped(self, sender: str, m: dict) -> None:
-        if m["step"] == self.book.version:
-            self._stepped[m["step"]][sender] = m
+    def on_stepped(self, sender: str, m: messages.Stepped) -> None:
+        if m.step == self.book.version:
+            self._stepped[m.step][sender] = m
             self._stepped_event.set()
 
     def on_node_lost(self, peer_id: str) -> None:
