@@ -190,7 +190,7 @@ class Coordinator:
         for peer in list(self.sessions):
             await self.members.send(peer, message)
 
-    def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> dict:
+    def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> messages.Welcome:
         """The ``welcome`` to a node now serving ``stage`` (``hello``: what it held, None when moved)."""
         spec = self.specs[stage]
         trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
@@ -206,11 +206,11 @@ class Coordinator:
             source, source_peer = "peer", ready[0]
         else:
             checkpoint = self.steps.checkpoints.get(stage)
-        return {"type": "welcome", "stage": stage, "num_stages": self.num_stages, "layer_start": spec.layer_start,
-                "layer_end": spec.layer_end, "num_layers": self.model_config.num_hidden_layers, "source": source,
-                "source_peer": source_peer, "stage_checkpoint": checkpoint, "version": self.book.version,
-                "run": self.run.to_dict(), "run_id": self.run_id,
-                "signal_url": self.url.replace("http://", "ws://", 1) + "/signal"}
+        return messages.Welcome(stage=stage, num_stages=self.num_stages, layer_start=spec.layer_start,
+                                layer_end=spec.layer_end, num_layers=self.model_config.num_hidden_layers, source=source,
+                                source_peer=source_peer, stage_checkpoint=checkpoint, version=self.book.version,
+                                run=self.run.to_dict(), run_id=self.run_id,
+                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal")
 
     # ------------------------------------------------------------------ node sessions
     async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
@@ -244,7 +244,7 @@ class Coordinator:
 
     async def _authenticate(self, ws: web.WebSocketResponse) -> messages.Hello | None:
         nonce = secrets.token_hex(16)
-        await ws.send_json({"type": "challenge", "nonce": nonce})
+        await ws.send_str(messages.encode(messages.Challenge(nonce=nonce)))
         try:
             msg = await ws.receive(timeout=15.0)
             hello = messages.decode_from_node(msg.data) if msg.type == WSMsgType.TEXT else None
@@ -257,7 +257,7 @@ class Coordinator:
             verify_signature(public_key, hello_bytes(nonce, public_key), signature)
         except (asyncio.TimeoutError, ValueError, binascii.Error, ProtocolViolation, AuthenticationError) as exc:
             log.warning("refused a node: %s", exc)
-            await ws.send_json({"type": "shutdown", "reason": f"not admitted: {exc}"[:500]})
+            await ws.send_str(messages.encode(messages.Shutdown(reason=f"not admitted: {exc}"[:500])))
             return None
         return hello
 
@@ -279,23 +279,23 @@ class Coordinator:
         else:
             stage = assign_new_node(self.assignment, slot)
         if stage is None:
-            await ws.send_json({"type": "shutdown", "reason": "this node cannot hold any stage of the model "
-                                                              "(raise its memory limit)"})
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
         welcome = self._welcome(session, stage, hello)
-        if welcome["source"] == "checkpoint" and not hello.has_base:
-            await ws.send_json({"type": "shutdown", "reason": "no copy of the model here and no replica to "
-                                                              "fetch it from; try again when a replica is up"})
+        if welcome.source == "checkpoint" and not hello.has_base:
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))
             remove_node(self.assignment, peer_id)
             return None
         session.stage = stage
         self.sessions[peer_id] = session
         self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
                                stage=stage, role=role)
-        await ws.send_json(welcome)
+        await ws.send_str(messages.encode(welcome))
         await self._broadcast_members()
         log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
-                 welcome["source"])
+                 welcome.source)
         return session
 
     async def _node_left(self, session: NodeSession) -> None:

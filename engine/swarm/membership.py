@@ -13,12 +13,12 @@ What it does not know: authentication, stage assignment, scheduling, messages' m
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -72,24 +72,23 @@ class Membership:
         trainers, inference = self.stage_replicas(), self.inference_replicas()
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
-    def members_message(self, version: int) -> dict:
+    def members_message(self, version: int) -> messages.Members:
         """The ``members`` message: every admitted node by stage (ready or not) and the inference replicas."""
         members: list[list[str]] = [[] for _ in range(self.num_stages)]
         for s in self.sessions.values():
             if s.stage is not None:
                 members[s.stage].append(s.peer_id)
         inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        return {"type": "members", "stages": [sorted(m) for m in members], "version": version,
-                "inference": inference}
+        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference)
 
-    async def send(self, peer_id: str, message: dict) -> bool:
-        """False if the peer is gone or the message did not leave within ``SEND_TIMEOUT_S``."""
+    async def send(self, peer_id: str, message: messages.CoordinatorToNode) -> bool:
+        """Send a typed message; False if the peer is gone or it did not leave within ``SEND_TIMEOUT_S``."""
         session = self.sessions.get(peer_id)
         if session is None or session.ws.closed:
             return False
         try:
-            await asyncio.wait_for(session.ws.send_str(json.dumps(message, separators=(",", ":"))), SEND_TIMEOUT_S)
+            await asyncio.wait_for(session.ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
             return True
         except (ConnectionError, RuntimeError, asyncio.TimeoutError) as exc:
-            log.info("could not send %s to %s: %s", message.get("type"), peer_id, exc)
+            log.info("could not send %s to %s: %s", type(message).__name__, peer_id, exc)
             return False

@@ -69,15 +69,15 @@ class MicrobatchDispatcher:
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future())
             self._in_flight[(step, mb, forward_only)] = waiting
-            flag = {"prox": True} if forward_only else {}
-            out = {"type": "train_out", "step": step, "mb": mb, "route": route, "targets": micro.targets.tolist(),
-                   "mask": micro.mask.tolist(), "behaviour": np.round(micro.behaviour, 6).tolist(),
-                   "advantages": micro.advantages.tolist(), "normaliser": normaliser, **flag}
+            rows = None
             if proximal is not None:
-                width = micro.inputs.shape[1]
-                out["proximal"] = np.round(proximal[start:start + micro.num_rows, :width], 6).tolist()
-            sent = await self.links.send(route[0], {"type": "train_in", "step": step, "mb": mb, "route": route,
-                                                    "inputs": micro.inputs.tolist(), **flag})
+                rows = np.round(proximal[start:start + micro.num_rows, :micro.inputs.shape[1]], 6).tolist()
+            out = messages.TrainOut(step=step, mb=mb, route=route, targets=micro.targets.tolist(),
+                                    mask=micro.mask.tolist(), behaviour=np.round(micro.behaviour, 6).tolist(),
+                                    advantages=micro.advantages.tolist(), normaliser=normaliser, prox=forward_only,
+                                    proximal=rows)
+            sent = await self.links.send(route[0], messages.TrainIn(step=step, mb=mb, route=route,
+                                                                    inputs=micro.inputs.tolist(), prox=forward_only))
             sent = sent and await self.links.send(route[-1], out)
             if not sent and not waiting.future.done():
                 waiting.future.set_result(("failed", "route unreachable"))

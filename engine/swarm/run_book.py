@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
+from engine.swarm.messages import CoordinatorToNode
 from engine.swarm.store import Store
 
 #: the longest one message to one node may take to leave (a stuck socket must not stall a step)
@@ -25,8 +26,8 @@ SEND_TIMEOUT_S = 10.0
 class NodeLinks(Protocol):
     """How the scheduling parts reach the swarm (``engine.swarm.coordinator.Coordinator``)."""
 
-    async def send(self, peer_id: str, message: dict) -> bool:
-        """Queue ``message`` to ``peer_id`` within ``SEND_TIMEOUT_S``; False if it could not go."""
+    async def send(self, peer_id: str, message: CoordinatorToNode) -> bool:
+        """Queue a typed ``message`` to ``peer_id`` within ``SEND_TIMEOUT_S``; False if it could not go."""
 
     def routes(self) -> list[list[str]]:
         """Training routes: one trainer per stage, stage 0 first."""

@@ -82,10 +82,10 @@ class GenerationScheduler:
                     break
                 load[tuple(route)] += 1
                 if not await self.links.send(route[0], message):
-                    self._fail_job(message["job"], "first stage unreachable")
+                    self._fail_job(message.job, "first stage unreachable")
                     break
 
-    def _next_job(self, route: list[str]) -> dict | None:
+    def _next_job(self, route: list[str]) -> messages.Gen | None:
         sampling = self.run.sampling
         params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                   "top_p": sampling.top_p, "seed": 0, "eos_id": self.codec.eos_id}
@@ -104,7 +104,7 @@ class GenerationScheduler:
             ids = [self.codec.encode_prompt(p) for p in prompts for _ in range(self.run.group_size)]
         params["seed"] = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
         self.jobs[job.job] = job
-        return {"type": "gen", "job": job.job, "route": route, "prompt_ids": ids, "params": params}
+        return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=messages.GenParams(**params))
 
     def _train_groups_in_flight(self) -> int:
         return sum(len(j.prompts) for j in self.jobs.values() if j.kind == "train")

@@ -155,7 +155,7 @@ class StepRunner:
         log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
         for replicas in self.links.stage_replicas():
             for peer in replicas:
-                await self.links.send(peer, {"type": "abort", "step": step})
+                await self.links.send(peer, messages.Abort(step=step))
         self.book.counters["aborted_steps"] += 1
         return False
 
@@ -194,9 +194,10 @@ class StepRunner:
         for stage, replicas in enumerate(self.links.stage_replicas()):
             for peer in replicas:
                 # replicas[0] leads the stage: it checkpoints and streams weights to the inference replicas
-                if await self.links.send(peer, {"type": "apply", "step": step, "version": version,
-                                                "replicas": replicas, "checkpoint": checkpoint and peer == replicas[0],
-                                                "inference": inference[stage] if stage < len(inference) else []}):
+                apply = messages.Apply(step=step, version=version, replicas=replicas,
+                                       checkpoint=checkpoint and peer == replicas[0],
+                                       inference=inference[stage] if stage < len(inference) else [])
+                if await self.links.send(peer, apply):
                     expected.add(peer)
         deadline = time.monotonic() + self.step_timeout_s
         while True:
@@ -238,7 +239,7 @@ class StepRunner:
                 if abs(m.checksum - lead.checksum) > 1e-3 * max(1.0, abs(lead.checksum)):
                     self.book.counters["resyncs"] += 1
                     log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
-                    await self.links.send(peer, {"type": "sync", "source_peer": leader})
+                    await self.links.send(peer, messages.Sync(source_peer=leader))
 
     # ------------------------------------------------------------------ node reports
     def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:

@@ -77,14 +77,14 @@ def test_an_inference_replica_loads_from_its_stage_leader_and_trainers_keep_the_
     fresh = None  # a node that holds no stage
     newcomer = NodeSession("inf2", FakeWs("inf2", c.outbox), "torch", "cpu", role="inference")
     welcome = c._welcome(newcomer, 0, fresh)
-    assert welcome["source"] == "peer" and welcome["source_peer"] == "trn0"  # even at version 0: start the stream
+    assert welcome.source == "peer" and welcome.source_peer == "trn0"  # even at version 0: start the stream
     trainer = NodeSession("trn2", FakeWs("trn2", c.outbox), "torch", "cpu")
-    assert c._welcome(trainer, 0, fresh)["source"] == "checkpoint"  # version 0: the base is as good
+    assert c._welcome(trainer, 0, fresh).source == "checkpoint"  # version 0: the base is as good
     c.book.version = 3
-    assert c._welcome(trainer, 0, fresh)["source_peer"] == "trn0"
+    assert c._welcome(trainer, 0, fresh).source_peer == "trn0"
     del c.sessions["trn0"]  # no trainer left on stage 0: a trainer may copy the inference replica
-    assert c._welcome(trainer, 0, fresh)["source_peer"] == "inf0"
-    assert c._welcome(newcomer, 0, fresh)["source_peer"] == "inf0"  # it then waits for a leader's stream
+    assert c._welcome(trainer, 0, fresh).source_peer == "inf0"
+    assert c._welcome(newcomer, 0, fresh).source_peer == "inf0"  # it then waits for a leader's stream
 
 
 def test_stream_reports_are_checked_against_roles_and_stages_and_shown_in_stats(coordinator):

@@ -128,27 +128,26 @@ class PlayedSwarm:
 
     async def send(self, peer, m):
         runner = self.steps
-        if m["type"] == "train_in":
-            self.inputs[(m["step"], m["mb"], bool(m.get("prox")))] = np.asarray(m["inputs"])
-        elif m["type"] == "train_out":
-            inputs, targets = self.inputs.pop((m["step"], m["mb"], bool(m.get("prox")))), np.asarray(m["targets"])
+        if isinstance(m, messages.TrainIn):
+            self.inputs[(m.step, m.mb, m.prox)] = np.asarray(m.inputs)
+        elif isinstance(m, messages.TrainOut):
+            inputs, targets = self.inputs.pop((m.step, m.mb, m.prox)), np.asarray(m.targets)
             logp = token_logprobs(inputs, targets)
-            if m.get("prox"):
-                runner.microbatches.on_prox_done("s1", messages.ProxDone(step=m["step"], mb=m["mb"],
-                                                                         logprobs=logp.tolist()))
+            if m.prox:
+                runner.microbatches.on_prox_done("s1", messages.ProxDone(step=m.step, mb=m.mb, logprobs=logp.tolist()))
                 return True
-            anchor = logp if m.get("proximal") is None else np.asarray(m["proximal"])
-            result = compute_objective(logp, anchor, np.asarray(m["behaviour"]), np.asarray(m["advantages"]),
-                                       np.asarray(m["mask"]), self.objective, normaliser=m["normaliser"])
-            self.grads.append((m["step"], inputs, targets, result.grad))
-            runner.microbatches.on_mb_done("s0", messages.MbDone(step=m["step"], mb=m["mb"]))
-        elif m["type"] == "apply":
+            anchor = logp if m.proximal is None else np.asarray(m.proximal)
+            result = compute_objective(logp, anchor, np.asarray(m.behaviour), np.asarray(m.advantages),
+                                       np.asarray(m.mask), self.objective, normaliser=m.normaliser)
+            self.grads.append((m.step, inputs, targets, result.grad))
+            runner.microbatches.on_mb_done("s0", messages.MbDone(step=m.step, mb=m.mb))
+        elif isinstance(m, messages.Apply):
             # each stage clips its own norm, as engine.swarm.stage_runtime does with the planner's rule
             stage = int(peer[1])
             if stage == 0:
                 self.stage_scales.append([])
             self.stage_scales[-1].append(clip_scale(float(np.sqrt(STAGE_SQ_NORMS[stage])), self.max_grad_norm))
-            runner.on_stepped(peer, messages.Stepped(step=m["step"], version=m["version"], grad_norm=0.0, checksum=1.0,
+            runner.on_stepped(peer, messages.Stepped(step=m.step, version=m.version, grad_norm=0.0, checksum=1.0,
                                                      update_bytes=0, dense_bytes=0, checkpoint_path=None))
         return True
 
