@@ -3,9 +3,11 @@
 ``StagePipeline`` is the whole contract between the RL code and the model: cached
 decoding to next-token logits, keyed training forwards to last-stage token log-probs,
 backward of a log-prob gradient down the chain, gradient norms, optimiser steps, and a
-policy version per stage (stages may step at different times in a swarm). The swarm
-provides a remote implementation of the same protocol; ``LocalPipeline`` chains
-``StageBackend`` objects living in this process (possibly of different backends).
+policy version per stage (stages may step at different times in a swarm). ``step`` takes
+one gradient scale per stage, so each stage can be clipped on its own (the rule of
+``engine.rl.update``). ``LocalPipeline`` chains ``StageBackend`` objects living in this
+process (possibly of different backends); the swarm drives its stages by messages instead
+(``engine.swarm.step_runner``), with the same update planner.
 
 What it does not know: transports, tasks, rewards, the objective.
 """

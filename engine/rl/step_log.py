@@ -32,7 +32,7 @@ class StepLog:
     kl: float = 0.0
     entropy_proxy: float = 0.0  #: mean -log b over sampled tokens (an entropy estimate)
     loss: float = 0.0
-    grad_norm: float = 0.0
+    grad_norm: float = 0.0  #: L2 norm over all stages before clipping (each stage is clipped on its own)
     generate_s: float = 0.0
     train_s: float = 0.0
 
