@@ -86,15 +86,13 @@ class GenerationScheduler:
                     break
 
     def _next_job(self, route: list[str]) -> messages.Gen | None:
-        sampling = self.run.sampling
-        params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p, "seed": 0, "eos_id": self.codec.eos_id}
+        temperature, top_p = self.run.sampling.temperature, self.run.sampling.top_p
         prompts = self.evals.next_batch()
         if prompts is not None:
             job = GenJob(self._next_job_id("eval"), route, prompts, "eval")
             self.evals.dispatched(job.job, prompts)
             ids = [self.codec.encode_prompt(p) for p in prompts]
-            params.update(temperature=0.0, top_p=1.0)
+            temperature, top_p = 0.0, 1.0  # greedy
         elif self.evals.baseline_running() or self.book.finished or \
                 self.store.ready_group_count() + self._train_groups_in_flight() >= 2 * self.run.prompts_per_step:
             return None  # rollouts of version 0 wait for the "before" eval; the buffer holds two batches
@@ -102,9 +100,11 @@ class GenerationScheduler:
             prompts = self._next_prompt_batch()
             job = GenJob(self._next_job_id("train"), route, prompts, "train")
             ids = [self.codec.encode_prompt(p) for p in prompts for _ in range(self.run.group_size)]
-        params["seed"] = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
+        seed = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
         self.jobs[job.job] = job
-        return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=messages.GenParams(**params))
+        params = messages.GenParams(max_new_tokens=self.run.sampling.max_new_tokens, temperature=temperature,
+                                    top_p=top_p, seed=seed, eos_id=self.codec.eos_id)
+        return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=params)
 
     def _train_groups_in_flight(self) -> int:
         return sum(len(j.prompts) for j in self.jobs.values() if j.kind == "train")

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -124,7 +124,7 @@ class StepRunner:
             return False
         trained_ids = [i for g in plan.trained for i in ids[g]]
         started = time.monotonic()
-        proximal: list[np.ndarray | None] = [None] * len(plan.minibatches)
+        proximal: Sequence[np.ndarray | None] = [None] * len(plan.minibatches)
         if len(plan.minibatches) > 1:
             stacked = await self._proximal_pass(self.book.version, plan.minibatches)
             if stacked is None:
