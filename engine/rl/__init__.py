@@ -5,10 +5,13 @@ Modules: ``tasks`` (prompt streams, held-out splits, rewards from tokens), ``cod
 from a chain of stages; ``LocalPipeline`` chains in-process backends), ``rollout``
 (sampling with KV caches, behaviour log-probs and per-stage versions), ``batch`` (rollouts
 -> padded training arrays), ``objective`` (loss and its closed-form gradient, in numpy),
-``staleness`` (version bounds and the lagged rollout queue), ``trainer`` (the loop),
-``evaluation`` (greedy held-out evals), ``run_state`` (resumable learning state), ``sft``
+``staleness`` (version bounds and the lagged rollout queue), ``update`` (the one update
+planner: staleness, advantages, zero-variance skipping, whole-group mini-batches, per-stage
+clipping; the swarm's step runner uses it too), ``trainer`` (the loop), ``step_log`` (what a
+step and an eval recorded), ``evaluation`` (greedy held-out evals), ``run_state`` (resumable
+learning state), ``sft``
 (supervised warm-up), ``recipe`` (the tested settings), ``make_base`` (``polis make-base``).
 
-Nothing here knows about transports: the swarm runs the same code with a remote
-``StagePipeline``. Nothing here imports torch or mlx.
+Nothing here knows about transports: the swarm's coordinator plans its updates with
+``update`` and builds its batches with ``batch``. Nothing here imports torch or mlx.
 """

@@ -76,3 +76,25 @@ def build_batch(groups: Sequence[Group], advantages: Sequence[np.ndarray], pad_i
     advantages_arr = np.array([r[3] for r in rows], dtype=np.float32)
     staleness = np.array([r[4] for r in rows], dtype=np.int64)
     return TrainBatch(inputs, targets, mask, behaviour, advantages_arr, staleness)
+
+
+def stack_batches(batches: Sequence[TrainBatch], pad_id: int) -> tuple[TrainBatch, list[int]]:
+    """The rows of ``batches`` one after another in one batch (padded to the widest), and the
+    first row of each batch in it (plus the total), so one forward pass can serve all of them."""
+    if not batches:
+        raise ValueError("nothing to stack")
+    width = max(b.inputs.shape[1] for b in batches)
+
+    def pad(a: np.ndarray, value) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=value)
+
+    offsets = [0]
+    for b in batches:
+        offsets.append(offsets[-1] + b.num_rows)
+    stacked = TrainBatch(np.concatenate([pad(b.inputs, pad_id) for b in batches]),
+                         np.concatenate([pad(b.targets, pad_id) for b in batches]),
+                         np.concatenate([pad(b.mask, False) for b in batches]),
+                         np.concatenate([pad(b.behaviour, 0.0) for b in batches]),
+                         np.concatenate([b.advantages for b in batches]),
+                         np.concatenate([b.staleness for b in batches]))
+    return stacked, offsets

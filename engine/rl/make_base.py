@@ -30,10 +30,9 @@ from engine.atomic_file import atomic_write_bytes
 from engine.rl.codec import TaskCodec
 from engine.rl.evaluation import evaluate_greedy
 from engine.rl.pipeline import LocalPipeline
-from engine.rl.sft import sft_step
 from engine.rl.recipe import BASE_TASK
+from engine.rl.sft import sft_step
 from engine.rl.tasks import ALPHABET, RewardKind, TaskConfig, make_task
-
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 ``StagePipeline`` is the whole contract between the RL code and the model: cached
 decoding to next-token logits, keyed training forwards to last-stage token log-probs,
 backward of a log-prob gradient down the chain, gradient norms, optimiser steps, and a
-policy version per stage (stages may step at different times in a swarm). The swarm
-provides a remote implementation of the same protocol; ``LocalPipeline`` chains
-``StageBackend`` objects living in this process (possibly of different backends).
+policy version per stage (stages may step at different times in a swarm). ``step`` takes
+one gradient scale per stage, so each stage can be clipped on its own (the rule of
+``engine.rl.update``). ``LocalPipeline`` chains ``StageBackend`` objects living in this
+process (possibly of different backends); the swarm drives its stages by messages instead
+(``engine.swarm.step_runner``), with the same update planner.
 
 What it does not know: transports, tasks, rewards, the objective.
 """
@@ -54,8 +56,9 @@ class StagePipeline(Protocol):
 
     def zero_grad(self) -> None: ...
 
-    def step(self, grad_scale: float = 1.0) -> None:
-        """Scale gradients, optimiser step on every stage, bump every stage's version."""
+    def step(self, grad_scale: float | Sequence[float] = 1.0) -> None:
+        """Scale gradients (one factor for all stages, or one per stage), optimiser step on every
+        stage, bump every stage's version."""
 
     def versions(self) -> tuple[int, ...]:
         """Policy version of each stage (number of optimiser steps it has applied)."""
@@ -154,9 +157,12 @@ class LocalPipeline:
         for stage in self.backends:
             stage.zero_grad()
 
-    def step(self, grad_scale: float = 1.0) -> None:
-        for i, stage in enumerate(self.backends):
-            stage.step(grad_scale)
+    def step(self, grad_scale: float | Sequence[float] = 1.0) -> None:
+        scales = [float(grad_scale)] * self.num_stages if np.isscalar(grad_scale) else [float(s) for s in grad_scale]
+        if len(scales) != self.num_stages:
+            raise ValueError("one gradient scale per stage")
+        for i, (stage, scale) in enumerate(zip(self.backends, scales)):
+            stage.step(scale)
             self._versions[i] += 1
 
     def versions(self) -> tuple[int, ...]:

@@ -29,18 +29,33 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from backends.base import BackendError
 from engine.atomic_file import atomic_write_bytes
 from engine.rl.rollout import Group, Sample
-
-if TYPE_CHECKING:
-    from engine.rl.trainer import Trainer
+from engine.rl.staleness import LaggedQueue
+from engine.rl.step_log import EvalLog, StepLog
 
 log = logging.getLogger(__name__)
+
+
+
+class Resumable(Protocol):
+    """What is saved of a trainer (``engine.rl.trainer.Trainer`` has all of it)."""
+
+    pipeline: Any  #: a ``StagePipeline``; its ``backends`` (when local) hold the optimiser states
+    config: Any  #: a ``TrainerConfig`` (``to_dict()``)
+    step_count: int
+    prompt_rng: np.random.Generator
+    sample_rng: np.random.Generator
+    shuffle_rng: np.random.Generator
+    queue: LaggedQueue
+    steps: list[StepLog]
+    evals: list[EvalLog]
+
 
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
@@ -84,7 +99,7 @@ def _load_tensors(path: Path) -> dict[str, np.ndarray]:
         raise RunStateError(f"{path}: unreadable ({exc})") from None
 
 
-def save_run(run_dir: str | Path, trainer: "Trainer") -> Path:
+def save_run(run_dir: str | Path, trainer: "Resumable") -> Path:
     """Write everything needed to continue ``trainer`` later; returns the directory."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,10 +141,8 @@ def read_state(run_dir: str | Path) -> dict[str, Any]:
     return state
 
 
-def restore_run(run_dir: str | Path, trainer: "Trainer") -> None:
+def restore_run(run_dir: str | Path, trainer: "Resumable") -> None:
     """Load a saved state into ``trainer`` (built with the same config and stage layout)."""
-    from engine.rl.trainer import EvalLog, StepLog
-
     run_dir = Path(run_dir)
     state = read_state(run_dir)
     if state["config"] != trainer.config.to_dict():

@@ -3,7 +3,8 @@
 The loss is the mean negative log-likelihood of the answer tokens (and EOS) given the
 prompt, so ``dloss/dlogp = -mask / N``; it goes down the stage chain exactly like the RL
 gradient does. Used by ``polis make-base`` to give RL a start whose exact match is
-above zero.
+above zero. It clips the global gradient norm (it only ever runs in one process, where the
+global norm is free); the RL update clips per stage (``engine.rl.update``).
 
 What it does not know: rewards, advantages, checkpoint files.
 """
@@ -17,6 +18,7 @@ import numpy as np
 from engine.rl.codec import TaskCodec
 from engine.rl.pipeline import StagePipeline
 from engine.rl.tasks import Example
+from engine.rl.update import clip_scale
 
 
 def sft_arrays(examples: Sequence[Example], codec: TaskCodec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,7 +46,5 @@ def sft_step(pipeline: StagePipeline, examples: Sequence[Example], codec: TaskCo
     pipeline.zero_grad()
     logp = pipeline.token_logprobs(inputs, targets, key=key)
     pipeline.backward(key, (mask / -n).astype(np.float32))
-    norm = float(np.sqrt(sum(pipeline.grad_sq_norms())))
-    scale = max_grad_norm / norm if max_grad_norm > 0 and norm > max_grad_norm else 1.0
-    pipeline.step(scale)
+    pipeline.step(clip_scale(float(np.sqrt(sum(pipeline.grad_sq_norms()))), max_grad_norm))
     return float(-(logp * mask).sum() / n)

@@ -4,12 +4,12 @@ One ``Trainer.step()``: generate a batch of groups with the current policy, push
 ``LaggedQueue`` and train on the batch that comes out — the one generated ``lag_versions``
 optimiser steps ago (``0`` = synchronous). That is an honest in-process simulation of an
 asynchronous system whose generators run ``k`` versions ahead: the very same weights the
-samples came from are gone by the time they are trained on. Groups staler than
-``max_staleness`` are dropped and counted; zero-variance groups are skipped.
+samples came from are gone by the time they are trained on.
 
-The update: the kept groups are split into ``updates_per_batch`` mini-batches, one optimiser
-step each (micro-batched rows, token-level normalisation over the mini-batch, global-norm
-clipping over all stages). The proximal log-probs are those of the weights at the start
+The update: ``engine.rl.update.plan_update`` (the planner the swarm uses too) drops stale
+groups, computes the advantages, skips zero-variance groups and splits the rest into
+``updates_per_batch`` mini-batches of whole groups; each gets one optimiser step here
+(micro-batched rows, token-level normalisation over the mini-batch, per-stage clipping). The proximal log-probs are those of the weights at the start
 of the batch (with a single update, the keyed forward itself provides them). Each step
 records a ``StepLog``: reward, masked fraction, ESS of the importance weights, staleness
 histogram, dropped and zero-variance counts, an entropy estimate.
@@ -25,15 +25,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from engine.rl.batch import TrainBatch, build_batch
+from engine.rl.batch import TrainBatch
 from engine.rl.codec import TaskCodec
 from engine.rl.evaluation import evaluate_greedy
-from engine.rl.objective import ObjectiveConfig, compute_objective, group_advantages
+from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.pipeline import StagePipeline
 from engine.rl.rollout import Group, SamplingConfig, generate_groups
-from engine.rl.staleness import LaggedQueue, filter_stale, histogram
+from engine.rl.run_state import restore_run, save_run
+from engine.rl.staleness import LaggedQueue
+from engine.rl.step_log import EvalLog, StepLog
 from engine.rl.tasks import Task, TaskConfig, make_task
 from engine.rl.tasks.rewards import exact_match, token_reward
+from engine.rl.update import UpdateRules, plan_update
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ class TrainerConfig:
       lag_versions: k; a batch is trained on k optimiser steps after the policy that
         generated it (0 = synchronous on-policy). A multiple of ``updates_per_batch``.
       max_staleness: groups more than this many versions behind the trainer are dropped.
-      max_grad_norm: global L2 clip over all stages (0 disables clipping).
+      max_grad_norm: L2 clip of each stage's gradient on its own (0 disables clipping; see
+        ``engine.rl.update`` for why per stage).
       micro_batch_rows: rows per keyed forward/backward.
       updates_per_batch: optimiser steps per batch (its groups split into this many
         mini-batches; the proximal policy is the one at the start of the first).
@@ -87,6 +91,11 @@ class TrainerConfig:
         if self.sampling.temperature <= 0:
             raise ValueError("RL sampling needs temperature > 0 (greedy samples have no log-prob to correct)")
 
+    def update_rules(self) -> UpdateRules:
+        """The planner's rules for this run (``engine.rl.update``)."""
+        return UpdateRules(objective=self.objective, max_staleness=self.max_staleness,
+                           updates_per_batch=self.updates_per_batch, max_grad_norm=self.max_grad_norm)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["task"]["reward"] = self.task.reward.value
@@ -99,43 +108,6 @@ class TrainerConfig:
                    sampling=SamplingConfig(**d.pop("sampling")), **d)
 
 
-@dataclass
-class StepLog:
-    """What one trainer step did (all fractions in [0, 1])."""
-
-    step: int
-    versions: tuple[int, ...]  #: after the step
-    trained: bool  #: an optimiser step happened
-    reward_mean: float = 0.0
-    exact_fraction: float = 0.0  #: train samples that were exactly right
-    finished_fraction: float = 0.0  #: samples that emitted EOS
-    completion_tokens_mean: float = 0.0
-    groups: int = 0  #: groups that came out of the queue
-    trained_samples: int = 0  #: samples (rows) the optimiser steps of this step were computed on
-    zero_variance_fraction: float = 0.0  #: of the non-stale groups
-    dropped_stale: int = 0
-    staleness_histogram: dict[int, int] = field(default_factory=dict)
-    masked_fraction: float = 0.0
-    clipped_fraction: float = 0.0
-    ess: float = 1.0
-    mean_weight: float = 1.0
-    kl: float = 0.0
-    entropy_proxy: float = 0.0  #: mean -log b over sampled tokens (an entropy estimate)
-    loss: float = 0.0
-    grad_norm: float = 0.0
-    generate_s: float = 0.0
-    train_s: float = 0.0
-
-
-@dataclass
-class EvalLog:
-    step: int
-    versions: tuple[int, ...]
-    exact_match: float  #: greedy exact match on the held-out split
-    mean_reward: float  #: greedy reward (the task's reward kind) on the held-out split
-    seconds: float
-
-
 class Trainer:
     """Runs RL on ``pipeline`` for ``config``. ``reference`` (frozen base) is needed for KL."""
 
@@ -144,6 +116,7 @@ class Trainer:
         if config.objective.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference pipeline")
         self.pipeline, self.codec, self.config, self.reference = pipeline, codec, config, reference
+        self.rules = config.update_rules()
         self.task: Task = make_task(config.task)
         missing = set(self.task.alphabet) - set(codec.char_to_id)
         if missing:
@@ -186,7 +159,7 @@ class Trainer:
         log_ = StepLog(step=self.step_count, versions=self.pipeline.versions(), trained=False,
                        generate_s=t1 - t0)
         if batch is not None:
-            self._train_on(batch, log_)
+            self.train_on(batch, log_)
         log_.versions = self.pipeline.versions()
         log_.train_s = time.perf_counter() - t1
         self.steps.append(log_)
@@ -198,7 +171,8 @@ class Trainer:
             self.evaluate()
         return log_
 
-    def _train_on(self, groups: list[Group], out: StepLog) -> None:
+    def train_on(self, groups: list[Group], out: StepLog) -> None:
+        """Train on one batch of scored groups (one or more optimiser steps), recording into ``out``."""
         cfg = self.config
         samples = [s for g in groups for s in g.samples]
         out.groups = len(groups)
@@ -209,23 +183,11 @@ class Trainer:
         out.completion_tokens_mean = float(np.mean([len(s.completion_ids) for s in samples]))
         out.entropy_proxy = float(-np.mean(np.concatenate([s.behaviour_logprobs for s in samples])))
 
-        versions = self.pipeline.versions()
-        fresh, seen, dropped = filter_stale(groups, versions, cfg.max_staleness)
-        out.staleness_histogram, out.dropped_stale = histogram(seen), dropped
-        if not fresh:
-            return
-        rewards = np.stack([g.rewards() for g in fresh])
-        if cfg.shuffle_rewards:
-            rewards = self.shuffle_rng.permutation(rewards.ravel()).reshape(rewards.shape)
-        adv, keep = group_advantages(rewards, scale_by_std=cfg.objective.scale_by_std, eps=cfg.objective.std_eps)
-        out.zero_variance_fraction = float(1.0 - keep.mean())
-        kept = [g for g, k in zip(fresh, keep) if k]
-        if not kept:
-            return
-        adv_kept = [a for a, k in zip(adv, keep) if k]
-        chunks = np.array_split(np.arange(len(kept)), min(cfg.updates_per_batch, len(kept)))
-        batches = [build_batch([kept[j] for j in idx], [adv_kept[j] for j in idx], self.codec.pad_id, versions)
-                   for idx in chunks]
+        plan = plan_update(groups, self.pipeline.versions(), self.rules, self.codec.pad_id,
+                           shuffle_rng=self.shuffle_rng if cfg.shuffle_rewards else None)
+        out.staleness_histogram, out.dropped_stale = plan.staleness_histogram, plan.dropped_stale
+        out.zero_variance_fraction = plan.zero_variance_fraction
+        batches = plan.minibatches
         # With one update the proximal policy is the current one (taken from the keyed pass);
         # with several it is computed for every mini-batch before the first step.
         proximal: list[np.ndarray | None] = [None] * len(batches)
@@ -268,11 +230,9 @@ class Trainer:
                                 ("ess", result.stats.ess), ("weight", result.stats.mean_weight),
                                 ("kl", result.stats.kl)):
                 totals[name] += share * value
-        norm = float(np.sqrt(sum(self.pipeline.grad_sq_norms())))
-        scale = 1.0
-        if cfg.max_grad_norm > 0 and norm > cfg.max_grad_norm:
-            scale = cfg.max_grad_norm / (norm + 1e-12)
-        self.pipeline.step(scale)
+        sq_norms = self.pipeline.grad_sq_norms()
+        norm = float(np.sqrt(sum(sq_norms)))
+        self.pipeline.step(self.rules.stage_clip_scales(sq_norms))
         k = index + 1  # running mean over the updates of this batch
         out.trained = True
         out.loss += (loss - out.loss) / k
@@ -286,14 +246,10 @@ class Trainer:
     # -- persistence ----------------------------------------------------------------------
     def save(self, run_dir) -> None:
         """Checkpoint the learning state (see ``engine.rl.run_state``)."""
-        from engine.rl.run_state import save_run
-
         save_run(run_dir, self)
 
     def restore(self, run_dir) -> None:
         """Continue from a state saved by ``save`` (same config, same stage layout)."""
-        from engine.rl.run_state import restore_run
-
         restore_run(run_dir, self)
 
     # -- evaluation -----------------------------------------------------------------------

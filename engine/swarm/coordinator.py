@@ -16,7 +16,11 @@ One aiohttp application serves:
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
-and nodes simply reconnect. Scheduling is ``engine.swarm.scheduler``. The
+and nodes simply reconnect. Scheduling is three parts the coordinator composes:
+generation (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``)
+and evals (``engine.swarm.eval_scheduler``); they share a ``RunBook`` and reach nodes
+through ``engine.swarm.membership`` as ``NodeLinks`` (``engine.swarm.run_book``). Node
+messages go to ``engine.swarm.node_reports``, which dispatches them by type. The
 coordinator never receives activations or weights.
 """
 
@@ -26,7 +30,6 @@ import asyncio
 import base64
 import binascii
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -43,11 +46,18 @@ from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import peer_id_for, verify_signature
 from engine.net.signalling import SignallingServer
 from engine.rl.codec import TaskCodec
+from engine.rl.tasks import make_task
+from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
+from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
+from engine.swarm.node_reports import NodeReports
+from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
-from engine.swarm.scheduler import RunScheduler
+from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.stream_book import StreamBook
 
@@ -81,19 +91,6 @@ class CoordinatorConfig:
     tick_s: float = 0.05
 
 
-@dataclass
-class NodeSession:
-    peer_id: str
-    ws: web.WebSocketResponse
-    backend: str
-    device: str
-    stage: int | None = None
-    ready: bool = False
-    version: int = 0
-    joined: float = field(default_factory=time.time)
-    role: str = "trainer"  #: "trainer" or "inference" (generation only)
-
-
 class Coordinator:
     """``await c.start()`` serves until ``await c.stop()``."""
 
@@ -114,12 +111,21 @@ class Coordinator:
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)
-        self.sessions: dict[str, NodeSession] = {}
+        self.members = Membership(self.num_stages)
+        self.sessions = self.members.sessions  #: peer id -> session of every admitted node
         self.signalling = SignallingServer()
         self.streams = StreamBook()
-        self.scheduler = RunScheduler(self.run, self.store, self.codec, self.send, self.routes, self.stage_replicas,
-                                      config.job_timeout_s, config.step_timeout_s, gen_routes=self.gen_routes,
-                                      inference_replicas=self.inference_replicas)
+        task = make_task(self.run.task)
+        rules = UpdateRules(objective=self.run.objective, max_staleness=self.run.max_staleness,
+                            updates_per_batch=self.run.updates_per_batch, max_grad_norm=self.run.max_grad_norm)
+        self.book = RunBook(self.store)
+        self.evals = EvalScheduler(task, self.codec, self.store)
+        self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
+                                              self.members, job_timeout_s=config.job_timeout_s)
+        self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self.members,
+                                step_timeout_s=config.step_timeout_s)
+        self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
+                                   on_ready=self._members_changed)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -142,7 +148,7 @@ class Coordinator:
         self.url = f"http://{self.config.host}:{port}"
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick_loop(), name="polis-coord-tick"))
         log.info("coordinator %s serving run %s (version %d) at %s", __version__, self.run_id,
-                 self.scheduler.version, self.url)
+                 self.book.version, self.url)
         return self.url
 
     async def stop(self) -> None:
@@ -162,13 +168,13 @@ class Coordinator:
         while True:
             await asyncio.sleep(self.config.tick_s)
             try:
-                self.scheduler.expire_jobs()
-                await self.scheduler.fill_generation()
+                self.generation.expire_jobs()
+                await self.generation.fill()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
                         log.error("training step crashed", exc_info=self._train_task.exception())
-                    self._train_task = asyncio.get_running_loop().create_task(self.scheduler.maybe_train(),
+                    self._train_task = asyncio.get_running_loop().create_task(self.steps.maybe_train(),
                                                                               name="polis-coord-step")
             except asyncio.CancelledError:
                 raise
@@ -176,77 +182,35 @@ class Coordinator:
                 log.exception("scheduling tick failed")
                 await asyncio.sleep(1.0)
 
-    # ------------------------------------------------------------------ topology
-    def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
-        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
-        out: list[list[str]] = [[] for _ in range(self.num_stages)]
-        for s in self.sessions.values():
-            if s.ready and s.stage is not None and (role is None or s.role == role):
-                out[s.stage].append(s.peer_id)
-        return [sorted(ids) for ids in out]
-
-    def inference_replicas(self) -> list[list[str]]:
-        return self.stage_replicas("inference")
-
-    @staticmethod
-    def _pipelines(replicas: list[list[str]]) -> list[list[str]]:
-        """Complete pipelines: route r takes replica r (mod count) of every stage."""
-        if not all(replicas):
-            return []
-        width = max(len(ids) for ids in replicas)
-        return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
-
-    def routes(self) -> list[list[str]]:
-        """Training routes: trainers only."""
-        return self._pipelines(self.stage_replicas())
-
-    def gen_routes(self) -> list[list[str]]:
-        """Generation routes: any ready replica of each stage (trainers, then inference replicas)."""
-        trainers, inference = self.stage_replicas(), self.inference_replicas()
-        return self._pipelines([t + i for t, i in zip(trainers, inference)])
-
-    async def send(self, peer_id: str, message: dict) -> bool:
-        session = self.sessions.get(peer_id)
-        if session is None or session.ws.closed:
-            return False
-        try:
-            await session.ws.send_str(json.dumps(message, separators=(",", ":")))
-            return True
-        except (ConnectionError, RuntimeError) as exc:
-            log.info("could not send %s to %s: %s", message.get("type"), peer_id, exc)
-            return False
+    def _members_changed(self) -> None:
+        asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
 
     async def _broadcast_members(self) -> None:
-        members = [[] for _ in range(self.num_stages)]
-        for s in self.sessions.values():
-            if s.stage is not None:
-                members[s.stage].append(s.peer_id)
-        inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        message = {"type": "members", "stages": [sorted(m) for m in members], "version": self.scheduler.version,
-                   "inference": inference}
+        message = self.members.members_message(self.book.version)
         for peer in list(self.sessions):
-            await self.send(peer, message)
+            await self.members.send(peer, message)
 
-    def _welcome(self, session: NodeSession, stage: int, hello: dict) -> dict:
+    def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> messages.Welcome:
+        """The ``welcome`` to a node now serving ``stage`` (``hello``: what it held, None when moved)."""
         spec = self.specs[stage]
-        trainers = [p for p in self.stage_replicas()[stage] if p != session.peer_id]
-        ready = trainers or [p for p in self.inference_replicas()[stage] if p != session.peer_id]
-        keep = (hello["stage"] == stage and hello["num_stages"] == self.num_stages
-                and hello["run_id"] == self.run_id)
+        trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
+        ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
+        keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
+                and hello.run_id == self.run_id)
         source, source_peer, checkpoint = "checkpoint", None, None
         if keep:
             source = "keep"
         elif session.role == "inference" and trainers:
             source, source_peer = "peer", trainers[0]  # the stage leader, who then streams deltas to it
-        elif ready and self.scheduler.version > 0:
+        elif ready and self.book.version > 0:
             source, source_peer = "peer", ready[0]
         else:
-            checkpoint = self.scheduler.checkpoints.get(stage)
-        return {"type": "welcome", "stage": stage, "num_stages": self.num_stages, "layer_start": spec.layer_start,
-                "layer_end": spec.layer_end, "num_layers": self.model_config.num_hidden_layers, "source": source,
-                "source_peer": source_peer, "stage_checkpoint": checkpoint, "version": self.scheduler.version,
-                "run": self.run.to_dict(), "run_id": self.run_id,
-                "signal_url": self.url.replace("http://", "ws://", 1) + "/signal"}
+            checkpoint = self.steps.checkpoints.get(stage)
+        return messages.Welcome(stage=stage, num_stages=self.num_stages, layer_start=spec.layer_start,
+                                layer_end=spec.layer_end, num_layers=self.model_config.num_hidden_layers, source=source,
+                                source_peer=source_peer, stage_checkpoint=checkpoint, version=self.book.version,
+                                run=self.run.to_dict(), run_id=self.run_id,
+                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal")
 
     # ------------------------------------------------------------------ node sessions
     async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
@@ -265,8 +229,7 @@ class Coordinator:
                 if msg.type != WSMsgType.TEXT:
                     break
                 try:
-                    data = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data))
-                    self._on_node_message(session, data)
+                    self.reports.handle(session, messages.decode_from_node(msg.data))
                 except (ValueError, ProtocolViolation) as exc:
                     strikes += 1
                     log.warning("invalid message from %s (%d strikes): %s", session.peer_id, strikes, exc)
@@ -279,127 +242,76 @@ class Coordinator:
                 await ws.close()
         return ws
 
-    async def _authenticate(self, ws: web.WebSocketResponse) -> dict | None:
+    async def _authenticate(self, ws: web.WebSocketResponse) -> messages.Hello | None:
         nonce = secrets.token_hex(16)
-        await ws.send_json({"type": "challenge", "nonce": nonce})
+        await ws.send_str(messages.encode(messages.Challenge(nonce=nonce)))
         try:
             msg = await ws.receive(timeout=15.0)
-            hello = messages.NODE_TO_COORDINATOR.validate(json.loads(msg.data)) if msg.type == WSMsgType.TEXT else None
-            if hello is None or hello["type"] != "hello":
+            hello = messages.decode_from_node(msg.data) if msg.type == WSMsgType.TEXT else None
+            if not isinstance(hello, messages.Hello):
                 raise ProtocolViolation("expected hello")
-            public_key = base64.b64decode(hello["public_key"], validate=True)
-            signature = base64.b64decode(hello["signature"], validate=True)
-            if peer_id_for(public_key) != hello["peer_id"]:
+            public_key = base64.b64decode(hello.public_key, validate=True)
+            signature = base64.b64decode(hello.signature, validate=True)
+            if peer_id_for(public_key) != hello.peer_id:
                 raise AuthenticationError("peer id does not match the public key")
             verify_signature(public_key, hello_bytes(nonce, public_key), signature)
         except (asyncio.TimeoutError, ValueError, binascii.Error, ProtocolViolation, AuthenticationError) as exc:
             log.warning("refused a node: %s", exc)
-            await ws.send_json({"type": "shutdown", "reason": f"not admitted: {exc}"[:500]})
+            await ws.send_str(messages.encode(messages.Shutdown(reason=f"not admitted: {exc}"[:500])))
             return None
-        hello["_public_key"] = public_key
         return hello
 
-    async def _admit(self, ws: web.WebSocketResponse, hello: dict) -> NodeSession | None:
-        peer_id = hello["peer_id"]
+    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
+        peer_id = hello.peer_id
         old = self.sessions.pop(peer_id, None)
         if old is not None:
             remove_node(self.assignment, peer_id)
             await old.ws.close()
-        role = hello.get("role", "trainer")
-        session = NodeSession(peer_id, ws, hello["backend"], hello["device"], role=role)
-        slot = NodeSlot(peer_id, max_layers=hello["max_layers"], role=role)
-        preferred = hello["stage"]
-        if preferred is not None and hello["run_id"] == self.run_id and hello["num_stages"] == self.num_stages:
+        role = hello.role
+        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
+        slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
+        preferred = hello.stage
+        if preferred is not None and hello.run_id == self.run_id and hello.num_stages == self.num_stages:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
-            if hello["version"] > self.scheduler.version:  # we lost a step record; never go backwards
-                self.scheduler.version = hello["version"]
-                self.store.set_meta("version", hello["version"])
+            self.book.advance(hello.version)  # a node ahead of us: we lost a step record; never go backwards
             stage = preferred
         else:
             stage = assign_new_node(self.assignment, slot)
         if stage is None:
-            await ws.send_json({"type": "shutdown", "reason": "this node cannot hold any stage of the model "
-                                                              "(raise its memory limit)"})
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
         welcome = self._welcome(session, stage, hello)
-        if welcome["source"] == "checkpoint" and not hello["has_base"]:
-            await ws.send_json({"type": "shutdown", "reason": "no copy of the model here and no replica to "
-                                                              "fetch it from; try again when a replica is up"})
+        if welcome.source == "checkpoint" and not hello.has_base:
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))
             remove_node(self.assignment, peer_id)
             return None
         session.stage = stage
         self.sessions[peer_id] = session
-        self.store.upsert_peer(peer_id, hello["public_key"], backend=hello["backend"], device=hello["device"],
+        self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
                                stage=stage, role=role)
-        await ws.send_json(welcome)
+        await ws.send_str(messages.encode(welcome))
         await self._broadcast_members()
-        log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello["backend"],
-                 welcome["source"])
+        log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
+                 welcome.source)
         return session
-
-    def _on_node_message(self, session: NodeSession, m: dict) -> None:
-        kind = m["type"]
-        sched = self.scheduler
-        if kind == "ready":
-            session.ready = m["stage"] == session.stage
-            session.version = m["version"]
-            asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
-        elif kind == "gen_done":
-            sched.on_gen_done(session.peer_id, m)
-        elif kind == "job_failed":
-            if session.peer_id in getattr(sched.jobs.get(m["job"]), "route", ()):
-                sched.on_job_failed(m["job"], m["reason"])
-        elif kind == "mb_loss":
-            sched.on_mb_loss(session.peer_id, m)
-        elif kind == "mb_done":
-            sched.on_mb_done(session.peer_id, m)
-        elif kind == "prox_done":
-            sched.on_prox_done(session.peer_id, m)
-        elif kind == "mb_failed":
-            sched.on_mb_failed(session.peer_id, m)
-        elif kind == "stepped":
-            if session.role != "trainer":
-                raise ProtocolViolation("'stepped' from an inference replica")
-            session.version = m["version"]
-            sched.on_stepped(session.peer_id, m)
-        elif kind == "streamed":
-            self._on_streamed(session, m)
-        elif kind == "served":
-            if session.role != "inference":
-                raise ProtocolViolation("'served' from a trainer")
-            session.version = m["version"]
-            self.streams.on_served(session.peer_id, session.stage, m)
-        elif kind == "report":
-            self.store.add_to_ledger(session.peer_id, **{k: v for k, v in m.items() if k != "type"})
-        elif kind == "hello":
-            raise ProtocolViolation("hello twice")
-
-    def _on_streamed(self, session: NodeSession, m: dict) -> None:
-        """A leader's stream report: every replica it names must be an inference replica of its stage."""
-        if session.role != "trainer":
-            raise ProtocolViolation("'streamed' from an inference replica")
-        for entry in m["streams"]:
-            target = self.sessions.get(entry["peer"])
-            if target is None or target.role != "inference" or target.stage != session.stage:
-                raise ProtocolViolation(f"'streamed' names {entry['peer']}, not an inference replica of "
-                                        f"stage {session.stage}")
-        self.streams.on_streamed(session.peer_id, session.stage, m["version"], m["streams"])
 
     async def _node_left(self, session: NodeSession) -> None:
         del self.sessions[session.peer_id]
         remove_node(self.assignment, session.peer_id)
         self.streams.forget(session.peer_id)
         log.info("node %s left stage %s", session.peer_id, session.stage)
-        self.scheduler.on_node_lost(session.peer_id)
+        self.generation.on_node_lost(session.peer_id)
+        self.steps.on_node_lost(session.peer_id)
         for peer_id, old_stage, new_stage in rebalance(self.assignment):
             moved = self.sessions.get(peer_id)
             if moved is None:
                 continue
             log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
             moved.stage, moved.ready = new_stage, False
-            await self.send(peer_id, self._welcome(moved, new_stage, {"stage": None, "num_stages": None,
-                                                                       "run_id": None}))
+            await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
 
     # ------------------------------------------------------------------ HTTP API
@@ -412,39 +324,39 @@ class Coordinator:
         return guarded
 
     async def _post_eval(self, request: web.Request) -> web.Response:
-        self.scheduler.request_eval()
-        return web.json_response({"eval_of_version": self.scheduler.version})
+        self.evals.request(self.book.version)
+        return web.json_response({"eval_of_version": self.book.version})
 
     async def _post_finish(self, request: web.Request) -> web.Response:
-        self.scheduler.finished = True
-        self.scheduler.request_eval()
-        return web.json_response({"finished_at_version": self.scheduler.version})
+        self.book.finished = True
+        self.evals.request(self.book.version)
+        return web.json_response({"finished_at_version": self.book.version})
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
     def stats(self) -> dict[str, Any]:
-        sched = self.scheduler
-        replicas = self.stage_replicas()
-        inference = self.inference_replicas()
+        book, generation, steps = self.book, self.generation, self.steps
+        replicas = self.members.stage_replicas()
+        inference = self.members.inference_replicas()
         ledger = self.store.ledger()
         return {
-            "run_id": self.run_id, "version": sched.version, "finished": sched.finished,
+            "run_id": self.run_id, "version": book.version, "finished": book.finished,
             "task": self.run.task.name, "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
-                       "rollouts_scored": sched.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
             "weight_stream": self.streams.stats(),
-            "evals": self.store.evals(), "eval_running": sched.eval_round is not None,
+            "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
                          for v in self.store.versions()],
-            "steps": sched.step_log[-50:], "rollouts": self.store.rollout_counts(),
-            "received_rollouts": sched.received_rollouts, "jobs_in_flight": len(sched.jobs),
-            "staleness_histogram": {str(k): v for k, v in sorted(sched.staleness_hist.items())},
-            "counters": dict(sched.stats), "update_bytes": sched.update_bytes,
-            "dense_update_bytes": sched.dense_update_bytes, "ledger": ledger,
+            "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
+            "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
+            "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
+            "counters": dict(book.counters), "update_bytes": steps.update_bytes,
+            "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
             "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
             "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),
         }

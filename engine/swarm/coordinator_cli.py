@@ -74,7 +74,7 @@ async def _serve(args) -> int:
         advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
                                                  signalling_url=url, version=__version__), discovery)
         await advertiser.start()
-    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.scheduler.version})",
+    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.book.version})",
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -216,11 +216,18 @@ class Store:
         self._ready = Counter(dict(self._db.execute(
             "SELECT group_id, COUNT(*) FROM rollouts WHERE state = 'ready' GROUP BY group_id").fetchall()))
 
-    def drop_stale(self, current_version: int, max_staleness: int) -> int:
-        """Mark ready rollouts older than the staleness bound as dropped; returns how many."""
-        return self._unready(self._db.execute(
-            "UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ? RETURNING group_id",
-            (int(current_version) - int(max_staleness),)).fetchall())
+    def drop_stale(self, oldest_fresh_version: int) -> dict[str, int]:
+        """Mark ready rollouts from a policy older than ``oldest_fresh_version`` as dropped.
+
+        Returns ``{group_id: its oldest min_version}`` of the groups that lost rollouts."""
+        rows = self._db.execute(
+            "UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ? "
+            "RETURNING group_id, min_version", (int(oldest_fresh_version),)).fetchall()
+        self._unready((group_id,) for group_id, _ in rows)
+        groups: dict[str, int] = {}
+        for group_id, min_version in rows:
+            groups[group_id] = min(int(min_version), groups.get(group_id, int(min_version)))
+        return groups
 
     def rollout_counts(self) -> dict[str, int]:
         rows = self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall()

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+from engine.swarm import messages
 
 
 @dataclass
@@ -49,25 +51,26 @@ class StreamBook:
     def _replica(self, peer: str) -> _Replica:
         return self._replicas.setdefault(peer, _Replica())
 
-    def on_streamed(self, leader: str, stage: int | None, version: int, streams: list[dict]) -> None:
+    def on_streamed(self, leader: str, stage: int | None, version: int,
+                    streams: Sequence[messages.StreamReport]) -> None:
         for entry in streams:
-            r = self._replica(entry["peer"])
+            r = self._replica(entry.peer)
             r.stage = stage
-            r.shadows[version] = (leader, float(entry["checksum"]))
+            r.shadows[version] = (leader, float(entry.checksum))
             r.shadows.move_to_end(version)
             while len(r.shadows) > self.keep_rounds:
                 r.shadows.popitem(last=False)
-            r.residual_max_abs = float(entry["residual_max_abs"])
+            r.residual_max_abs = float(entry.residual_max_abs)
             self.deltas += 1
-            self.delta_bytes += int(entry["delta_bytes"])
-            self.dense_bytes += int(entry["dense_bytes"])
+            self.delta_bytes += int(entry.delta_bytes)
+            self.dense_bytes += int(entry.dense_bytes)
             self.residual_max_abs = max(self.residual_max_abs, r.residual_max_abs)
 
-    def on_served(self, peer: str, stage: int | None, m: dict) -> None:
+    def on_served(self, peer: str, stage: int | None, m: messages.Served) -> None:
         r = self._replica(peer)
-        r.stage, r.source = stage, m["source"]
-        r.served_version, r.served_checksum, r.served_full = m["version"], float(m["checksum"]), m["full"]
-        if m["full"]:
+        r.stage, r.source = stage, m.source
+        r.served_version, r.served_checksum, r.served_full = m.version, float(m.checksum), m.full
+        if m.full:
             r.full_loads += 1
         else:
             r.deltas_applied += 1

@@ -184,3 +184,21 @@ def test_pipeline_gradients_can_be_read_replaced_and_stepped(tiny_base):
     after = pipeline.state_dicts()
     assert any(not np.array_equal(before[0][k], after[0][k]) for k in before[0])
     pipeline.close()
+
+
+def test_each_stage_steps_with_its_own_gradient_scale(tiny_base):
+    base_dir, _ = tiny_base
+    pipeline = LocalPipeline.from_checkpoint(base_dir, 2, "torch", "cpu", RL_OPTIMIZER)
+    codec = TaskCodec.from_dir(base_dir)
+    ids = np.array([codec.encode_prompt("rev:123=") + codec.encode("321") + [codec.eos_id]])
+    logp = pipeline.token_logprobs(ids[:, :-1], ids[:, 1:], key="k")
+    pipeline.backward("k", np.full_like(logp, -1.0 / logp.size))
+    before = pipeline.state_dicts()
+    with pytest.raises(ValueError):
+        pipeline.step([1.0])  # one scale per stage
+    pipeline.step([0.0, 1.0])  # AdamW on a zero gradient moves nothing (no weight decay in the recipe)
+    after = pipeline.state_dicts()
+    assert pipeline.versions() == (1, 1)
+    assert all(np.array_equal(before[0][k], after[0][k]) for k in before[0])
+    assert any(not np.array_equal(before[1][k], after[1][k]) for k in before[1])
+    pipeline.close()

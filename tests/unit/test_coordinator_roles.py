@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from engine.net.errors import ProtocolViolation
 from engine.paths import base_checkpoint_dir
+from engine.swarm import messages
 from engine.swarm.coordinator import Coordinator, CoordinatorConfig, NodeSession
 
 
@@ -21,13 +21,18 @@ class FakeWs:
         self.outbox.append((self.peer, json.loads(text)))
 
 
+def handle(c, session, message: dict) -> None:
+    """A node message as the coordinator gets it: decoded into its typed struct, then dispatched."""
+    c.reports.handle(session, messages.NODE_TO_COORDINATOR.convert(message))
+
+
 @pytest.fixture()
 def coordinator(tmp_path):
     c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
                                       num_stages=2))
     c.outbox = []
-    for peer, stage, role, ready in (("t0", 0, "trainer", True), ("t1", 1, "trainer", True),
-                                     ("i0", 0, "inference", True), ("i1", 1, "inference", False)):
+    for peer, stage, role, ready in (("trn0", 0, "trainer", True), ("trn1", 1, "trainer", True),
+                                     ("inf0", 0, "inference", True), ("inf1", 1, "inference", False)):
         c.sessions[peer] = NodeSession(peer, FakeWs(peer, c.outbox), "torch", "cpu", stage=stage, ready=ready,
                                        role=role)
     yield c
@@ -36,16 +41,17 @@ def coordinator(tmp_path):
 
 def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers(coordinator):
     c = coordinator
-    assert c.routes() == [["t0", "t1"]]
-    assert c.gen_routes() == [["t0", "t1"], ["i0", "t1"]]
-    assert c.stage_replicas() == [["t0"], ["t1"]] and c.inference_replicas() == [["i0"], []]
-    c.sessions["i1"].ready = True
-    assert c.gen_routes() == [["t0", "t1"], ["i0", "i1"]]
+    assert c.members.routes() == [["trn0", "trn1"]]
+    assert c.members.gen_routes() == [["trn0", "trn1"], ["inf0", "trn1"]]
+    assert c.members.stage_replicas() == [["trn0"], ["trn1"]] and c.members.inference_replicas() == [["inf0"], []]
+    c.sessions["inf1"].ready = True
+    assert c.members.gen_routes() == [["trn0", "trn1"], ["inf0", "inf1"]]
 
     def stepped_on_apply(peer, message):
         if message["type"] == "apply":
-            c.scheduler.on_stepped(peer, {"step": message["step"], "version": message["version"], "checksum": 1.0,
-                                          "update_bytes": 0, "dense_bytes": 0, "checkpoint_path": None})
+            c.steps.on_stepped(peer, messages.Stepped(step=message["step"], version=message["version"], grad_norm=0.0,
+                                                      checksum=1.0, update_bytes=0, dense_bytes=0,
+                                                      checkpoint_path=None))
 
     async def apply():
         ws_send = FakeWs.send_str
@@ -55,54 +61,54 @@ def test_generation_uses_every_ready_replica_but_training_and_apply_use_trainers
             stepped_on_apply(self.peer, json.loads(text))
         FakeWs.send_str = send_and_answer
         try:
-            return await c.scheduler._apply(0)
+            return await c.steps._apply(0)
         finally:
             FakeWs.send_str = ws_send
 
     assert asyncio.run(apply())
     applies = {peer: m for peer, m in c.outbox if m["type"] == "apply"}
-    assert sorted(applies) == ["t0", "t1"]  # inference replicas never train
-    assert applies["t0"]["inference"] == ["i0"] and applies["t1"]["inference"] == ["i1"]
-    assert c.scheduler.version == 1
+    assert sorted(applies) == ["trn0", "trn1"]  # inference replicas never train
+    assert applies["trn0"]["inference"] == ["inf0"] and applies["trn1"]["inference"] == ["inf1"]
+    assert c.book.version == 1
 
 
 def test_an_inference_replica_loads_from_its_stage_leader_and_trainers_keep_the_old_rule(coordinator):
     c = coordinator
-    fresh = {"stage": None, "num_stages": None, "run_id": None}
-    newcomer = NodeSession("i2", FakeWs("i2", c.outbox), "torch", "cpu", role="inference")
+    fresh = None  # a node that holds no stage
+    newcomer = NodeSession("inf2", FakeWs("inf2", c.outbox), "torch", "cpu", role="inference")
     welcome = c._welcome(newcomer, 0, fresh)
-    assert welcome["source"] == "peer" and welcome["source_peer"] == "t0"  # even at version 0: start the stream
-    trainer = NodeSession("t2", FakeWs("t2", c.outbox), "torch", "cpu")
-    assert c._welcome(trainer, 0, fresh)["source"] == "checkpoint"  # version 0: the base is as good
-    c.scheduler.version = 3
-    assert c._welcome(trainer, 0, fresh)["source_peer"] == "t0"
-    del c.sessions["t0"]  # no trainer left on stage 0: a trainer may copy the inference replica
-    assert c._welcome(trainer, 0, fresh)["source_peer"] == "i0"
-    assert c._welcome(newcomer, 0, fresh)["source_peer"] == "i0"  # it then waits for a leader's stream
+    assert welcome.source == "peer" and welcome.source_peer == "trn0"  # even at version 0: start the stream
+    trainer = NodeSession("trn2", FakeWs("trn2", c.outbox), "torch", "cpu")
+    assert c._welcome(trainer, 0, fresh).source == "checkpoint"  # version 0: the base is as good
+    c.book.version = 3
+    assert c._welcome(trainer, 0, fresh).source_peer == "trn0"
+    del c.sessions["trn0"]  # no trainer left on stage 0: a trainer may copy the inference replica
+    assert c._welcome(trainer, 0, fresh).source_peer == "inf0"
+    assert c._welcome(newcomer, 0, fresh).source_peer == "inf0"  # it then waits for a leader's stream
 
 
 def test_stream_reports_are_checked_against_roles_and_stages_and_shown_in_stats(coordinator):
     c = coordinator
-    entry = {"peer": "i0", "checksum": 2.5, "delta_bytes": 10, "dense_bytes": 40, "residual_max_abs": 1e-7}
-    c._on_node_message(c.sessions["t0"], {"type": "streamed", "version": 1, "streams": [entry]})
-    with pytest.raises(ProtocolViolation):  # i0 is not on t1's stage
-        c._on_node_message(c.sessions["t1"], {"type": "streamed", "version": 1, "streams": [entry]})
+    entry = {"peer": "inf0", "checksum": 2.5, "delta_bytes": 10, "dense_bytes": 40, "residual_max_abs": 1e-7}
+    handle(c, c.sessions["trn0"], {"type": "streamed", "version": 1, "streams": [entry]})
+    with pytest.raises(ProtocolViolation):  # inf0 is not on trn1's stage
+        handle(c, c.sessions["trn1"], {"type": "streamed", "version": 1, "streams": [entry]})
     with pytest.raises(ProtocolViolation):
-        c._on_node_message(c.sessions["t0"], {"type": "streamed", "version": 1,
-                                              "streams": [{**entry, "peer": "t1"}]})
+        handle(c, c.sessions["trn0"], {"type": "streamed", "version": 1,
+                                              "streams": [{**entry, "peer": "trn1"}]})
     with pytest.raises(ProtocolViolation):
-        c._on_node_message(c.sessions["t0"], {"type": "served", "version": 1, "checksum": 2.5, "source": "t0",
+        handle(c, c.sessions["trn0"], {"type": "served", "version": 1, "checksum": 2.5, "source": "trn0",
                                               "full": False})
     with pytest.raises(ProtocolViolation):
-        c._on_node_message(c.sessions["i0"], {"type": "stepped", "step": 0, "version": 1, "grad_norm": 0.0,
+        handle(c, c.sessions["inf0"], {"type": "stepped", "step": 0, "version": 1, "grad_norm": 0.0,
                                               "checksum": 0.0, "update_bytes": 0, "dense_bytes": 0,
                                               "checkpoint_path": None})
-    c._on_node_message(c.sessions["i0"], {"type": "served", "version": 1, "checksum": 2.5, "source": "t0",
+    handle(c, c.sessions["inf0"], {"type": "served", "version": 1, "checksum": 2.5, "source": "trn0",
                                           "full": False})
     stats = c.stats()
-    assert {n["peer_id"]: n["role"] for n in stats["nodes"]} == {"t0": "trainer", "t1": "trainer",
-                                                                 "i0": "inference", "i1": "inference"}
-    assert stats["stages"][0]["replicas"] == ["t0"] and stats["stages"][0]["inference"] == ["i0"]
-    replica = stats["weight_stream"]["replicas"]["i0"]
-    assert replica["in_sync"] and replica["served_version"] == 1 and c.sessions["i0"].version == 1
+    assert {n["peer_id"]: n["role"] for n in stats["nodes"]} == {"trn0": "trainer", "trn1": "trainer",
+                                                                 "inf0": "inference", "inf1": "inference"}
+    assert stats["stages"][0]["replicas"] == ["trn0"] and stats["stages"][0]["inference"] == ["inf0"]
+    replica = stats["weight_stream"]["replicas"]["inf0"]
+    assert replica["in_sync"] and replica["served_version"] == 1 and c.sessions["inf0"].version == 1
     assert stats["weight_stream"]["ratio_vs_dense_fp32"] == 0.25

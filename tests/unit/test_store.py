@@ -39,7 +39,7 @@ def test_versions_never_go_backwards(tmp_path):
 def test_stale_rollouts_are_dropped_and_counted(tmp_path):
     store = Store(tmp_path / "c.db")
     store.add_rollouts([_rollout(0, version=1), _rollout(1, version=6)])
-    assert store.drop_stale(current_version=6, max_staleness=4) == 1
+    assert store.drop_stale(oldest_fresh_version=2) == {"g0": 1}
     assert store.rollout_counts() == {"dropped": 1, "ready": 1}
 
 
@@ -63,8 +63,12 @@ def test_ready_group_counts_follow_every_state_change_and_a_reopen(tmp_path):
     store.mark_rollouts(ids[:3], "consumed")         # g0 empty, g1 half
     store.mark_rollouts(ids[:1], "dropped")          # consumed -> dropped: no ready count changes
     store.mark_rollouts(ids[1:2], "ready")           # back to ready: g0 has one again
-    dropped = store.drop_stale(current_version=7, max_staleness=4)  # min_version < 3 dropped
-    assert dropped == sum(1 for i in range(12) if 1 + i % 5 < 3 and i not in (0, 2))
+    dropped = store.drop_stale(oldest_fresh_version=3)  # min_version < 3 dropped
+    expected_dropped: dict[str, int] = {}
+    for i in range(12):
+        if 1 + i % 5 < 3 and i not in (0, 2):
+            expected_dropped[f"g{i // 2}"] = min(1 + i % 5, expected_dropped.get(f"g{i // 2}", 9))
+    assert dropped == expected_dropped
     expected = _sql_group_counts(store)
     assert store.ready_group_count() == len(expected)
     assert store.complete_group_count(2) == sum(1 for n in expected.values() if n >= 2)

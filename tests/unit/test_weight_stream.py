@@ -8,6 +8,7 @@ import pytest
 
 from engine.net.errors import WireFormatError
 from engine.net.shadow_delta import OutOfSequence, WeightDelta
+from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
 from engine.swarm.stream_book import StreamBook
 from engine.swarm.tensor_bundle import checksum
@@ -206,14 +207,14 @@ def test_leader_caps_its_streams_and_forgets_replicas_that_left():
 
 def test_stream_book_pairs_what_replicas_serve_with_their_leaders_shadow():
     book = StreamBook()
-    book.on_streamed("lead", 0, 4, [{"peer": "inf", "checksum": 1.5, "delta_bytes": 260, "dense_bytes": 1000,
-                                      "residual_max_abs": 1e-6}])
-    book.on_served("inf", 0, {"version": 4, "checksum": 1.5, "source": "lead", "full": False})
+    book.on_streamed("lead", 0, 4, [messages.StreamReport(peer="inf", checksum=1.5, delta_bytes=260, dense_bytes=1000,
+                                                          residual_max_abs=1e-6)])
+    book.on_served("inf", 0, messages.Served(version=4, checksum=1.5, source="lead", full=False))
     stats = book.stats()
     assert stats["replicas"]["inf"]["in_sync"] is True and stats["ratio_vs_dense_fp32"] == 0.26
-    book.on_served("inf", 0, {"version": 4, "checksum": 2.0, "source": "lead", "full": False})
+    book.on_served("inf", 0, messages.Served(version=4, checksum=2.0, source="lead", full=False))
     assert book.stats()["replicas"]["inf"]["in_sync"] is False
-    book.on_served("inf", 0, {"version": 4, "checksum": 2.0, "source": "other", "full": False})
+    book.on_served("inf", 0, messages.Served(version=4, checksum=2.0, source="other", full=False))
     assert book.stats()["replicas"]["inf"]["shadow_checksum"] is None
     book.forget("inf")
     assert book.stats()["replicas"] == {}

@@ -1,0 +1,113 @@
+"""Held-out evals of the swarm's policy: which prompts to decode greedily next, and the scores.
+
+An eval of version v decodes every held-out prompt greedily, ``EVAL_ROWS`` prompts of one token
+length per job, and records the exact-match accuracy for v in the store. The first eval (of the
+base, version 0) runs before any training; later ones when asked (every
+``eval_every_versions``, at the end, or by an operator). The generation scheduler asks
+:meth:`EvalScheduler.next_batch` for eval work before it dispatches training rollouts, and
+hands back results and failures.
+
+What it does not know: routes, nodes, messages, training.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from engine.rl.codec import TaskCodec
+from engine.rl.tasks import Task
+from engine.rl.tasks.rewards import exact_match
+from engine.swarm.store import Store
+
+log = logging.getLogger(__name__)
+
+#: rows of one eval job (held-out prompts of one token length decoded together)
+EVAL_ROWS = 64
+
+
+@dataclass
+class EvalRound:
+    version: int
+    pending: dict[str, list[str]] = field(default_factory=dict)  #: job id -> its prompts, dispatched
+    correct: int = 0
+    total: int = 0
+    min_version: int | None = None  #: the oldest stage version that served any of its jobs
+    queue: deque[list[str]] = field(default_factory=deque)  #: prompt batches not dispatched yet
+
+
+class EvalScheduler:
+    """Eval rounds of one run, one at a time."""
+
+    def __init__(self, task: Task, codec: TaskCodec, store: Store) -> None:
+        self.task, self.codec, self.store = task, codec, store
+        self.round: EvalRound | None = None
+        #: the version to evaluate next (None: nothing asked); the base is evaluated first
+        self.wanted: int | None = 0 if not store.evals() else None
+
+    @property
+    def running(self) -> bool:
+        return self.round is not None
+
+    def has_baseline(self) -> bool:
+        """The "before" eval is recorded (training waits for it)."""
+        return bool(self.store.evals())
+
+    def baseline_running(self) -> bool:
+        """The "before" eval still has jobs out (rollouts of version 0 should not pile up meanwhile)."""
+        return self.round is not None and self.round.version == 0 and bool(self.round.pending)
+
+    def request(self, version: int) -> None:
+        """Evaluate ``version`` as soon as generation capacity allows (a running round is left alone)."""
+        if self.round is None:
+            self.wanted = version
+
+    def next_batch(self) -> list[str] | None:
+        """The prompts of the next eval job, starting a wanted round; None if there is none.
+
+        The caller dispatches them and says so with :meth:`dispatched`."""
+        if self.wanted is not None and self.round is None:
+            self._start(self.wanted)
+        if self.round is None or not self.round.queue:
+            return None
+        return self.round.queue.popleft()
+
+    def dispatched(self, job_id: str, prompts: list[str]) -> None:
+        """``prompts`` (from :meth:`next_batch`) are out as job ``job_id``."""
+        if self.round is not None:
+            self.round.pending[job_id] = prompts
+
+    def _start(self, version: int) -> None:
+        by_length: dict[int, list[str]] = defaultdict(list)
+        for example in self.task.eval_split():
+            by_length[len(self.codec.encode_prompt(example.prompt))].append(example.prompt)
+        queue: deque[list[str]] = deque()
+        for _, prompts in sorted(by_length.items()):
+            for i in range(0, len(prompts), EVAL_ROWS):
+                queue.append(prompts[i:i + EVAL_ROWS])
+        self.round = EvalRound(version=version, queue=queue)
+        self.wanted = None
+        log.info("eval of version %d: %d prompts in %d jobs", version, sum(map(len, queue)), len(queue))
+
+    def on_result(self, job_id: str, tokens: Sequence[Sequence[int]], versions: Sequence[int]) -> None:
+        """Score a finished eval job (one completion per prompt); the last one records the round."""
+        r = self.round
+        if r is None or job_id not in r.pending:
+            return
+        prompts = r.pending.pop(job_id)
+        r.correct += sum(exact_match(self.task, p, t, self.codec) for p, t in zip(prompts, tokens))
+        r.total += len(prompts)
+        low = min(versions)
+        r.min_version = low if r.min_version is None else min(r.min_version, low)
+        if not r.pending and not r.queue:
+            accuracy = r.correct / max(r.total, 1)
+            self.store.record_eval(r.version, accuracy, r.total)
+            log.info("eval version %d: exact match %.3f on %d held-out prompts", r.version, accuracy, r.total)
+            self.round = None
+
+    def on_failed(self, job_id: str) -> None:
+        """An eval job was lost: its prompts go back to the front of the queue."""
+        if self.round is not None and job_id in self.round.pending:
+            self.round.queue.appendleft(self.round.pending.pop(job_id))

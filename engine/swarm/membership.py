@@ -1,0 +1,94 @@
+"""The coordinator's admitted nodes: their sessions, who is ready on which stage in which role,
+the pipeline routes over them, and sending to them (this is the ``NodeLinks`` the scheduling
+parts use, see ``engine.swarm.run_book``).
+
+A route takes one ready node per stage, stage 0 first. Training routes use trainers only;
+generation routes any ready replica (trainers first, then inference replicas). Route r takes
+replica r (mod count) of every stage, so every replica serves. Sending never waits on a stuck
+socket for longer than ``SEND_TIMEOUT_S``.
+
+What it does not know: authentication, stage assignment, scheduling, messages' meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.swarm import messages
+from engine.swarm.run_book import SEND_TIMEOUT_S
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeSession:
+    peer_id: str
+    ws: Any  #: the node's control websocket (``aiohttp.web.WebSocketResponse``: ``send_str``, ``closed``)
+    backend: str
+    device: str
+    stage: int | None = None
+    ready: bool = False
+    version: int = 0
+    joined: float = field(default_factory=time.time)
+    role: str = "trainer"  #: "trainer" or "inference" (generation only)
+
+
+class Membership:
+    """Sessions of the nodes admitted to a run of ``num_stages`` stages."""
+
+    def __init__(self, num_stages: int) -> None:
+        self.num_stages = num_stages
+        self.sessions: dict[str, NodeSession] = {}
+
+    def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
+        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
+        out: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for s in self.sessions.values():
+            if s.ready and s.stage is not None and (role is None or s.role == role):
+                out[s.stage].append(s.peer_id)
+        return [sorted(ids) for ids in out]
+
+    def inference_replicas(self) -> list[list[str]]:
+        return self.stage_replicas("inference")
+
+    @staticmethod
+    def _pipelines(replicas: list[list[str]]) -> list[list[str]]:
+        """Complete pipelines: route r takes replica r (mod count) of every stage."""
+        if not all(replicas):
+            return []
+        width = max(len(ids) for ids in replicas)
+        return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
+
+    def routes(self) -> list[list[str]]:
+        """Training routes: trainers only."""
+        return self._pipelines(self.stage_replicas())
+
+    def gen_routes(self) -> list[list[str]]:
+        """Generation routes: any ready replica of each stage (trainers, then inference replicas)."""
+        trainers, inference = self.stage_replicas(), self.inference_replicas()
+        return self._pipelines([t + i for t, i in zip(trainers, inference)])
+
+    def members_message(self, version: int) -> messages.Members:
+        """The ``members`` message: every admitted node by stage (ready or not) and the inference replicas."""
+        members: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for s in self.sessions.values():
+            if s.stage is not None:
+                members[s.stage].append(s.peer_id)
+        inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
+        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference)
+
+    async def send(self, peer_id: str, message: messages.CoordinatorToNode) -> bool:
+        """Send a typed message; False if the peer is gone or it did not leave within ``SEND_TIMEOUT_S``."""
+        session = self.sessions.get(peer_id)
+        if session is None or session.ws.closed:
+            return False
+        try:
+            await asyncio.wait_for(session.ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
+            return True
+        except (ConnectionError, RuntimeError, asyncio.TimeoutError) as exc:
+            log.info("could not send %s to %s: %s", type(message).__name__, peer_id, exc)
+            return False

@@ -1,0 +1,99 @@
+"""What the coordinator does with each message a node sends after its hello.
+
+:class:`NodeReports` dispatches a decoded node message (a typed struct of
+``engine.swarm.messages``) by its struct type through one table to the
+part that owns it — generation results to the generation scheduler, micro-batch and step
+reports to the step runner, weight-stream reports to the stream book, counters to the ledger —
+after checking that the sender's role may send it (only trainers step and stream, only
+inference replicas report ``served``). A message a node may not send raises
+``ProtocolViolation``; the coordinator counts it as a strike against the node.
+
+What it does not know: websockets, authentication, scheduling decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from engine.net.errors import ProtocolViolation
+from engine.swarm import messages
+from engine.swarm.membership import Membership, NodeSession
+from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.step_runner import StepRunner
+from engine.swarm.store import Store
+from engine.swarm.stream_book import StreamBook
+
+
+class NodeReports:
+    """The handlers of node -> coordinator messages (``messages.NodeToCoordinator``)."""
+
+    def __init__(self, members: Membership, generation: GenerationScheduler, steps: StepRunner,
+                 streams: StreamBook, store: Store, *, on_ready: Callable[[], None]) -> None:
+        self.members, self.generation, self.steps = members, generation, steps
+        self.streams, self.store, self.on_ready = streams, store, on_ready
+        self._handlers: dict[type, Callable[[NodeSession, Any], None]] = {
+            messages.Hello: self._second_hello, messages.Ready: self._ready, messages.GenDone: self._gen_done,
+            messages.JobFailed: self._job_failed, messages.MbLoss: self._mb_loss, messages.MbDone: self._mb_done,
+            messages.ProxDone: self._prox_done, messages.MbFailed: self._mb_failed, messages.Stepped: self._stepped,
+            messages.Streamed: self._streamed, messages.Served: self._served, messages.Report: self._report,
+        }
+
+    def handle(self, session: NodeSession, message: messages.NodeToCoordinator) -> None:
+        """Act on one decoded message from ``session``'s node."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise ProtocolViolation(f"a node may not send {type(message).__name__} to the coordinator")
+        handler(session, message)
+
+    def _second_hello(self, session: NodeSession, message: messages.Hello) -> None:
+        raise ProtocolViolation("hello twice")
+
+    def _ready(self, session: NodeSession, message: messages.Ready) -> None:
+        session.ready = message.stage == session.stage
+        session.version = message.version
+        self.on_ready()
+
+    def _gen_done(self, session: NodeSession, message: messages.GenDone) -> None:
+        self.generation.on_gen_done(session.peer_id, message)
+
+    def _job_failed(self, session: NodeSession, message: messages.JobFailed) -> None:
+        self.generation.on_job_failed(session.peer_id, message.job, message.reason)
+
+    def _mb_loss(self, session: NodeSession, message: messages.MbLoss) -> None:
+        self.steps.on_mb_loss(session.peer_id, message)
+
+    def _mb_done(self, session: NodeSession, message: messages.MbDone) -> None:
+        self.steps.microbatches.on_mb_done(session.peer_id, message)
+
+    def _prox_done(self, session: NodeSession, message: messages.ProxDone) -> None:
+        self.steps.microbatches.on_prox_done(session.peer_id, message)
+
+    def _mb_failed(self, session: NodeSession, message: messages.MbFailed) -> None:
+        self.steps.microbatches.on_mb_failed(session.peer_id, message)
+
+    def _stepped(self, session: NodeSession, message: messages.Stepped) -> None:
+        if session.role != "trainer":
+            raise ProtocolViolation("'stepped' from an inference replica")
+        session.version = message.version
+        self.steps.on_stepped(session.peer_id, message)
+
+    def _streamed(self, session: NodeSession, message: messages.Streamed) -> None:
+        """A leader's stream report: every replica it names must be an inference replica of its stage."""
+        if session.role != "trainer":
+            raise ProtocolViolation("'streamed' from an inference replica")
+        for entry in message.streams:
+            target = self.members.sessions.get(entry.peer)
+            if target is None or target.role != "inference" or target.stage != session.stage:
+                raise ProtocolViolation(f"'streamed' names {entry.peer}, not an inference replica of "
+                                        f"stage {session.stage}")
+        self.streams.on_streamed(session.peer_id, session.stage, message.version, message.streams)
+
+    def _served(self, session: NodeSession, message: messages.Served) -> None:
+        if session.role != "inference":
+            raise ProtocolViolation("'served' from a trainer")
+        session.version = message.version
+        self.streams.on_served(session.peer_id, session.stage, message)
+
+    def _report(self, session: NodeSession, message: messages.Report) -> None:
+        counters = {name: getattr(message, name) for name in message.__struct_fields__}
+        self.store.add_to_ledger(session.peer_id, **counters)

@@ -1,0 +1,63 @@
+"""The coordinator's shared view of one run: the policy version, whether training is over, the
+counters, and the small interface through which the coordinator's parts reach the nodes.
+
+The coordinator's scheduling is three collaborating objects — generation
+(``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``) and held-out evals
+(``engine.swarm.eval_scheduler``). None of them knows the others' attributes: they share a
+:class:`RunBook` (what every part reads and the step runner advances) and reach nodes only
+through :class:`NodeLinks` (the coordinator implements it). The version is durable: every
+advance is written to the store at once, and it never goes down.
+
+What it does not know: websockets, messages' contents, rewards, tensors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from engine.swarm.messages import CoordinatorToNode
+from engine.swarm.store import Store
+
+#: the longest one message to one node may take to leave (a stuck socket must not stall a step)
+SEND_TIMEOUT_S = 10.0
+
+
+class NodeLinks(Protocol):
+    """How the scheduling parts reach the swarm (``engine.swarm.coordinator.Coordinator``)."""
+
+    async def send(self, peer_id: str, message: CoordinatorToNode) -> bool:
+        """Queue a typed ``message`` to ``peer_id`` within ``SEND_TIMEOUT_S``; False if it could not go."""
+
+    def routes(self) -> list[list[str]]:
+        """Training routes: one trainer per stage, stage 0 first."""
+
+    def gen_routes(self) -> list[list[str]]:
+        """Generation routes: any ready replica per stage (trainers and inference replicas)."""
+
+    def stage_replicas(self) -> list[list[str]]:
+        """The ready trainers of each stage, sorted; the first leads its stage."""
+
+    def inference_replicas(self) -> list[list[str]]:
+        """The ready inference replicas of each stage (they follow the leader's weight stream)."""
+
+
+class RunBook:
+    """Version, end of training and counters of one run, shared by the coordinator's parts."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.version = int(store.get_meta("version", 0))
+        #: set once training must stop (max_versions reached or an operator's 'finish')
+        self.finished = False
+        #: event counts shown in the stats API (failed_jobs, dropped_stale, resyncs, ...)
+        self.counters: Counter[str] = Counter()
+
+    def advance(self, version: int) -> None:
+        """Record that the swarm's policy is now ``version`` (ignored unless it goes up)."""
+        if version > self.version:
+            self.version = int(version)
+            self.store.set_meta("version", self.version)
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.version, "finished": self.finished, "counters": dict(self.counters)}
