@@ -7,8 +7,9 @@ tokenizer covers it.
 
 from __future__ import annotations
 
-from engine.rl.tasks.base import Example, RewardKind, Task, TaskConfig
+from engine.rl.tasks.base import Example, Task, TaskConfig
 from engine.rl.tasks.digits import AdditionTask, ReversalTask, SortingTask
+from engine.rl.tasks.scoring import RewardKind
 
 _TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (ReversalTask, SortingTask, AdditionTask)}
 

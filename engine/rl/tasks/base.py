@@ -6,8 +6,8 @@ completion is a pure function of (task, prompt, completion text), so a coordinat
 recompute it from tokens without trusting anyone. Held-out prompts never appear in the
 train stream.
 
-What it does not know: token ids (``engine.rl.codec`` and ``engine.rl.tasks.rewards``
-turn tokens into text and score them), models, or how rollouts are produced.
+What it does not know: token ids (``engine.rl.codec`` and ``engine.rl.tasks.rewards`` turn
+tokens into text; ``engine.rl.tasks.scoring`` scores text), models, or how rollouts are produced.
 """
 
 from __future__ import annotations
@@ -15,18 +15,11 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from enum import Enum
 from typing import Iterator
 
 import numpy as np
 
-
-class RewardKind(str, Enum):
-    """How a well-formed completion is scored against the correct answer."""
-
-    EXACT = "exact"  #: 1.0 if equal, else 0.0
-    PER_POSITION = "per_position"  #: matching positions / max(len(answer), len(completion))
-    LCS = "lcs"  #: 2 * longest-common-subsequence / (len(answer) + len(completion))
+from engine.rl.tasks.scoring import RewardKind, text_reward
 
 
 @dataclass(frozen=True)
@@ -137,8 +130,6 @@ class Task(ABC):
 
     def reward_text(self, prompt: str, completion: str) -> float:
         """Score a decoded completion (without EOS) for ``prompt``; never raises."""
-        from engine.rl.tasks.rewards import text_reward
-
         try:
             answer = self.solve(prompt)
         except Exception:  # a malformed prompt is the caller's problem, not a crash
