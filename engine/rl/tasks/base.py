@@ -19,7 +19,8 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.rl.tasks.scoring import RewardKind, text_reward
+from engine.rl.tasks.config import TaskConfig
+from engine.rl.tasks.scoring import text_reward
 
 
 @dataclass(frozen=True)
@@ -28,34 +29,6 @@ class Example:
 
     prompt: str
     answer: str
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Which task and how hard. Validated on construction.
-
-    The defaults are the task of the shipped base checkpoint (``engine.rl.recipe``).
-
-    Fields:
-      name: registry name (``reversal``, ``sorting``, ``addition``).
-      min_digits / max_digits: inclusive range of the digit-string length (reversal,
-        sorting) or of each operand's length (addition).
-      reward: how completions are scored (``exact``, ``per_position``, ``lcs``).
-      eval_size: number of held-out prompts (fixed, independent of any run seed).
-    """
-
-    name: str = "reversal"
-    min_digits: int = 4
-    max_digits: int = 4
-    reward: RewardKind = RewardKind.PER_POSITION
-    eval_size: int = 400
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "reward", RewardKind(self.reward))
-        if not 1 <= self.min_digits <= self.max_digits <= 32:
-            raise ValueError(f"need 1 <= min_digits <= max_digits <= 32, got {self.min_digits}, {self.max_digits}")
-        if not 1 <= self.eval_size <= 100_000:
-            raise ValueError(f"eval_size must be in [1, 100000], got {self.eval_size}")
 
 
 class Task(ABC):
