@@ -6,10 +6,10 @@ input (garbage, megabytes, unbalanced or nested tags):
 - ``tagged_answer``: the strict answer, the content of the last complete
   ``<answer>...</answer>`` pair (last tag wins), stripped; ``None`` if there is none, it is
   empty, far longer than the gold answer could be, or not of the gold answer's shape (a number
-  where the gold is a number, one word where it is one word). The shape gate closes the spray
+  where the gold is a number, one word where it is one word). The shape gate narrows the spray
   hole in substring partial credit (reasoning-gym's default ``score_answer`` gives
-  len(gold)/len(answer) when the gold occurs inside the answer: ``<answer>0123456789</answer>``
-  would earn 0.1 on every one-digit item).
+  len(gold)/len(answer) when the gold occurs inside the answer: ``<answer>7 8 9 10</answer>``
+  would earn on every item whose answer it lists).
 - ``stated_answer``: the content-only answer, what the text states ignoring the tags: the last
   number for a numeric gold answer, the last word for a one-word gold answer, else the last
   non-empty line. Evals report it beside the strict score so that a rise in format is not taken

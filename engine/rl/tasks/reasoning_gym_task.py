@@ -17,7 +17,9 @@ takes ~2 s and pulls sympy and matplotlib, so it is imported only when such a ta
   states an expression, else just the tags), then the question.
 - Score: the dataset's own ``score_answer`` on the tagged answer (strict) and on the stated answer
   (content), each read by ``answers`` (which passes on only answers of the gold answer's shape),
-  plus the format part; any error inside the dataset's scorer scores 0.
+  plus the format part. Where the gold answer is a number the dataset's score counts only when it
+  is 1 (numbers are right or wrong; see ``_dataset_score``). Any error inside the dataset's scorer
+  scores 0.
 
 What it does not know: tokens, chat templates, models; other tasks (``mixture`` composes these).
 """
@@ -32,7 +34,7 @@ import math
 import zlib
 from typing import Any, Iterator, Mapping
 
-from engine.rl.tasks.answers import stated_answer, tagged_answer, well_formed
+from engine.rl.tasks.answers import is_numeric, stated_answer, tagged_answer, well_formed
 from engine.rl.tasks.chat import ChatMessage, ChatPrompt, ChatTask, Score, TaskItem
 from engine.rl.tasks.config import TaskConfig
 
@@ -206,15 +208,21 @@ class ReasoningGymTask(ChatTask):
             chunk += 1
 
     # -- scoring ----------------------------------------------------------------------
-    def _dataset_score(self, answer: str | None, entry: Mapping[str, Any]) -> float:
+    def _dataset_score(self, answer: str | None, item: TaskItem) -> float:
         if answer is None:
             return 0.0
         try:
-            value = float(self._scorer.score_answer(answer, dict(entry)))
+            value = float(self._scorer.score_answer(answer, dict(item.entry)))
         except Exception:  # the dataset's scorer is third-party code; a crash there scores 0
             log.debug("%s score_answer raised on %r", self.dataset, answer[:80], exc_info=True)
             return 0.0
-        return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+        if not math.isfinite(value):
+            return 0.0
+        if is_numeric(item.answer):
+            # a number is right or wrong: reasoning-gym's substring partial credit would pay 0.5
+            # for "17" against "7" and a floor for any digit spray
+            return 1.0 if value >= 1.0 else 0.0
+        return min(max(value, 0.0), 1.0)
 
     def score(self, item: TaskItem, completion: str) -> Score:
         if item.dataset != self.dataset or not isinstance(completion, str):
@@ -222,8 +230,8 @@ class ReasoningGymTask(ChatTask):
             return Score(0.0, 0.0, False, {"answer": 0.0, "format": 0.0})
         gold = item.answer
         answer, stated = tagged_answer(completion, gold), stated_answer(completion, gold)
-        strict = self._dataset_score(answer, item.entry)
+        strict = self._dataset_score(answer, item)
         formed = well_formed(completion, gold)
-        return Score(strict=strict, content=self._dataset_score(stated, item.entry), well_formed=formed,
+        return Score(strict=strict, content=self._dataset_score(stated, item), well_formed=formed,
                      parts={"answer": strict, "format": self.config.format_weight if formed else 0.0},
                      answer=answer, stated=stated)
