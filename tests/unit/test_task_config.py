@@ -66,3 +66,10 @@ def test_digit_and_chat_registries_point_to_each_other():
         make_task(TaskConfig(name="reasoning_gym:chain_sum"))
     with pytest.raises(ValueError, match="make_task"):
         make_chat_task(TaskConfig(name="reversal"))
+
+
+def test_configs_with_options_stay_hashable_so_they_can_be_dataclass_defaults():
+    a = TaskConfig(name="mixture", mixture=[{"dataset": "chain_sum", "options": {"max_terms": 3, "min_terms": 2}}])
+    b = TaskConfig(name="mixture", mixture=[{"dataset": "chain_sum", "options": {"min_terms": 2, "max_terms": 3}}])
+    assert a == b and hash(a) == hash(b)
+    assert hash(TaskConfig(name="reasoning_gym:chain_sum", options=CHAIN)) != hash(TaskConfig(name="reasoning_gym:chain_sum"))

@@ -13,6 +13,7 @@ What it does not know: the datasets themselves, tokens, models.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -40,6 +41,10 @@ _DIGIT_DEFAULTS = {"min_digits": 4, "max_digits": 4, "reward": RewardKind.PER_PO
 def is_chat_task_name(name: str) -> bool:
     """Whether ``name`` is a chat task (reasoning-gym dataset or mixture), not a digit task."""
     return name == MIXTURE_NAME or name.startswith(REASONING_GYM_PREFIX)
+
+
+def _canonical(options: Mapping[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True)
 
 
 def _check_options(options: Any, what: str) -> dict[str, Any]:
@@ -89,7 +94,8 @@ class MixtureEntry:
         object.__setattr__(self, "weight", float(self.weight))
         object.__setattr__(self, "options", _check_options(self.options, f"mixture[{self.dataset}].options"))
 
-    __hash__ = None  # type: ignore[assignment]  # options is a dict
+    def __hash__(self) -> int:  # options is a dict: hash its canonical JSON
+        return hash((self.dataset, self.weight, _canonical(self.options)))
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,9 @@ class TaskConfig:
     example: str = "worked"
     format_weight: float = 0.05
 
-    __hash__ = None  # type: ignore[assignment]  # options is a dict
+    def __hash__(self) -> int:  # options is a dict: hash its canonical JSON (configs are used as defaults)
+        return hash((self.name, self.min_digits, self.max_digits, self.reward, self.eval_size,
+                     _canonical(self.options), self.mixture, self.system_prompt, self.example, self.format_weight))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward", RewardKind(self.reward))
