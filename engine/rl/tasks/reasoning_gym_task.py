@@ -114,7 +114,11 @@ class ReasoningGymTask(ChatTask):
             raise ValueError(f"{self.dataset} options {self._key}: {exc or type(exc).__name__}") from None
 
     def _entry(self, generator: Any, index: int) -> dict[str, Any] | None:
-        entry = generator[index]
+        try:
+            entry = generator[index]
+        except Exception:  # third-party generator code: a failing item is skipped, like a malformed one
+            log.debug("%s item %d raised; skipped", self.dataset, index, exc_info=True)
+            return None
         if not isinstance(entry, dict) or not isinstance(entry.get("question"), str) \
                 or not isinstance(entry.get("answer"), str) or not entry["question"]:
             log.debug("%s item %d is malformed; skipped", self.dataset, index)
