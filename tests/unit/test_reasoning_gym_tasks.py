@@ -136,3 +136,31 @@ def test_importing_the_task_modules_does_not_import_reasoning_gym():
             "engine.rl.shortcuts\nprint('reasoning_gym' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _CharDecoder:
+    """A stand-in for the model's codec: one id per character, id 0 ends the turn."""
+
+    chars = "\x00<>/answer 0123456789-."
+
+    def completion_ids(self, ids):
+        ids = [int(i) for i in ids]
+        return (ids[:ids.index(0)], True) if 0 in ids else (ids, False)
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids if 0 < i < len(self.chars))
+
+    def encode(self, text):
+        return [self.chars.index(c) for c in text]
+
+
+def test_scoring_from_tokens_stops_at_the_first_stop_id_and_an_unfinished_turn_loses_the_format_part(task):
+    item = task.eval_items()[0]
+    codec = _CharDecoder()
+    right = codec.encode(f"<answer>{item.answer}</answer>")
+    finished = task.score_tokens(item, right + [0] + codec.encode(" 9"), codec)
+    assert finished.strict == 1.0 and finished.parts["format"] > 0
+    unfinished = task.score_tokens(item, right, codec)
+    assert unfinished.strict == 1.0 and unfinished.parts["format"] == 0.0 and not unfinished.well_formed
+    assert task.score_tokens(item, [0] + right, codec).reward == 0.0
+    assert task.score_tokens(item, ["x"], codec).reward == 0.0

@@ -5,7 +5,7 @@ character-level digit tasks. It yields ``TaskItem``s: a ``ChatPrompt`` (system t
 worked example turn, the question as the user turn) plus the gold answer and the dataset's own
 entry. Whoever holds the model renders ``prompt.as_dicts()`` through the model's chat template
 (``engine.rl.codec``) and decodes the completion to text; the task scores that text with
-``ChatTask.score`` into a ``Score``: the strict score (answer in tags), the content-only score
+``ChatTask.score`` (or the sampled ids with ``ChatTask.score_tokens``) into a ``Score``: the strict score (answer in tags), the content-only score
 (the answer the text states, tags ignored), and the training reward as named parts
 (``answer`` + a small ``format`` part). ``summarise`` turns scores into the figures an eval reports.
 
@@ -15,8 +15,8 @@ What it does not know: tokens, chat templates, models, advantages; which dataset
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from engine.rl.tasks.config import TaskConfig
 
@@ -114,6 +114,20 @@ class Score:
         return float(sum(self.parts.values()))
 
 
+class CompletionDecoder(Protocol):
+    """What scoring from token ids needs of a tokenizer (``engine.rl.codec.ChatCodec`` has it)."""
+
+    def completion_ids(self, ids: Sequence[int]) -> tuple[list[int], bool]:
+        """The ids before the first stop id, and whether a stop id came at all."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens dropped."""
+
+
+def zero_score() -> Score:
+    return Score(0.0, 0.0, False, {"answer": 0.0, "format": 0.0})
+
+
 class ChatTask(ABC):
     """A family of chat questions with a fixed held-out split and a seeded training stream."""
 
@@ -139,6 +153,22 @@ class ChatTask(ABC):
     @abstractmethod
     def is_held_out(self, question: str) -> bool:
         """Whether ``question`` is in the held-out split."""
+
+    def score_tokens(self, item: TaskItem, completion_ids: Sequence[int], codec: CompletionDecoder) -> Score:
+        """Score sampled ids as a coordinator does: the text up to the first stop id.
+
+        A turn that never ended (no stop id within the token budget) keeps its answer score but
+        not the format part: a well-formed answer ends the turn. Never raises.
+        """
+        try:
+            ids, finished = codec.completion_ids(completion_ids)
+            text = codec.decode(ids)
+        except (TypeError, ValueError, OverflowError):
+            return zero_score()
+        score = self.score(item, text)
+        if finished:
+            return score
+        return replace(score, well_formed=False, parts={**score.parts, "format": 0.0})
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.rl.tasks.chat import ChatTask, Score, TaskItem
+from engine.rl.tasks.chat import ChatTask, Score, TaskItem, zero_score
 from engine.rl.tasks.config import REASONING_GYM_PREFIX, TaskConfig
 from engine.rl.tasks.reasoning_gym_task import ReasoningGymTask
 
@@ -71,5 +71,5 @@ class MixtureTask(ChatTask):
     def score(self, item: TaskItem, completion: str) -> Score:
         part = self._by_dataset.get(item.dataset)
         if part is None:
-            return Score(0.0, 0.0, False, {"answer": 0.0, "format": 0.0})
+            return zero_score()
         return part.score(item, completion)

@@ -35,7 +35,7 @@ import zlib
 from typing import Any, Iterator, Mapping
 
 from engine.rl.tasks.answers import is_numeric, stated_answer, tagged_answer, well_formed
-from engine.rl.tasks.chat import ChatMessage, ChatPrompt, ChatTask, Score, TaskItem
+from engine.rl.tasks.chat import ChatMessage, ChatPrompt, ChatTask, Score, TaskItem, zero_score
 from engine.rl.tasks.config import TaskConfig
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ class ReasoningGymTask(ChatTask):
     def score(self, item: TaskItem, completion: str) -> Score:
         if item.dataset != self.dataset or not isinstance(completion, str):
             log.warning("%s cannot score an item of %r", self.dataset, item.dataset)
-            return Score(0.0, 0.0, False, {"answer": 0.0, "format": 0.0})
+            return zero_score()
         gold = item.answer
         answer, stated = tagged_answer(completion, gold), stated_answer(completion, gold)
         strict = self._dataset_score(answer, item)
