@@ -6,6 +6,10 @@ histogram: the commonest answer the policy gives is far more common than the com
 answer of the same questions. ``shortcut_report`` is a pure function over a batch of
 (gold answer, given answer) pairs that measures exactly that, for a run to show and log.
 
+The other tell is over time: the figure trained on rises while the figure that matters falls
+(DESIGN §9: strict 7 % -> 11 % while content fell 61 % -> 11 %, the model learned the tags and
+lost the arithmetic). ``divergence`` compares the two series of a run's evals.
+
 Answers are compared after light normalisation (surrounding space, case, thousands commas, and
 numbers by value: ``"07"`` == ``"7"`` == ``"7.0"``).
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 def normalise(answer: str) -> str:
@@ -89,3 +93,39 @@ def shortcut_report(pairs: Iterable[tuple[str, str | None]], *, margin: float = 
     return ShortcutReport(samples=n, answered=len(answered), commonest_answer=commonest, commonest_share=share,
                           gold_share=gold_share, commonest_correct=correct, excess=excess,
                           suspicious=n >= min_samples and excess > margin)
+
+
+@dataclass(frozen=True)
+class DivergenceReport:
+    """Two eval series, early against late.
+
+    Fields:
+      evals: points in each series.
+      trained_change: mean of the last ``window`` points of the trained-on figure (e.g. reward
+        or strict score) minus the mean of its first ``window``.
+      honest_change: the same for the figure that matters (e.g. held-out content score).
+      diverging: the trained figure rose while the honest one fell by more than ``margin``.
+    """
+
+    evals: int
+    trained_change: float
+    honest_change: float
+    diverging: bool
+
+
+def divergence(trained: Sequence[float], honest: Sequence[float], *, window: int = 2,
+               margin: float = 0.05) -> DivergenceReport:
+    """Whether ``trained`` rose while ``honest`` fell between the first and last ``window`` evals."""
+    if len(trained) != len(honest):
+        raise ValueError(f"{len(trained)} trained points but {len(honest)} honest ones")
+    if window < 1 or not 0.0 <= margin <= 1.0:
+        raise ValueError("need window >= 1 and 0 <= margin <= 1")
+    n = len(trained)
+    if n < 2 * window:
+        return DivergenceReport(n, 0.0, 0.0, False)
+
+    def change(series: Sequence[float]) -> float:
+        return sum(series[-window:]) / window - sum(series[:window]) / window
+
+    up, down = change(trained), change(honest)
+    return DivergenceReport(n, up, down, up > 0.0 and down < -margin)

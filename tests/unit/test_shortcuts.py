@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.rl.shortcuts import normalise, shortcut_report
+from engine.rl.shortcuts import divergence, normalise, shortcut_report
 
 GOLDS = [str(k % 10) for k in range(40)]  # ten answers, 4 each
 
@@ -49,3 +49,15 @@ def test_small_or_empty_batches_are_never_flagged():
     assert shortcut_report([("1", None)] * 20).to_dict()["answered"] == 0
     with pytest.raises(ValueError):
         shortcut_report([], margin=2.0)
+
+
+def test_divergence_flags_a_trained_figure_rising_while_the_honest_one_falls():
+    # DESIGN §9's run: strict 7 % -> 11 % while content fell 61 % -> 11 %
+    r = divergence([0.07, 0.08, 0.10, 0.11], [0.61, 0.50, 0.20, 0.11])
+    assert r.diverging
+    assert r.trained_change == pytest.approx(0.03) and r.honest_change == pytest.approx(-0.40)
+    assert not divergence([0.1, 0.2, 0.4, 0.6], [0.2, 0.3, 0.4, 0.5]).diverging  # both rise: learning
+    assert not divergence([0.5, 0.5, 0.5, 0.5], [0.6, 0.5, 0.3, 0.2]).diverging  # falling, not gamed
+    assert not divergence([0.1, 0.9], [0.9, 0.1], window=2).diverging  # too few evals to tell
+    with pytest.raises(ValueError):
+        divergence([0.1], [0.1, 0.2])
