@@ -24,6 +24,8 @@ from engine.rl.tasks.answers import stated_answer, tagged_answer, well_formed
     ("<answer>olleh there</answer>", "olleh", None),  # two words where one is due
     ("<answer>" + "9" * 100 + "</answer>", "7", None),  # far longer than any answer
     ("<answer>-1,000</answer>", "-1000", "-1,000"),
+    ("<answer>-3.</answer>", "-3", "-3."),  # the dataset's scorer reads it as -3
+    ("<answer>Infinity</answer>", "7", None),
 ])
 def test_tagged_answer(text, gold, expected):
     assert tagged_answer(text, gold) == expected

@@ -24,6 +24,7 @@ models.
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 OPEN_TAG = "<answer>"
 CLOSE_TAG = "</answer>"
@@ -45,10 +46,19 @@ def is_numeric(gold: str) -> bool:
     return _GOLD_NUMBER.fullmatch(gold.strip().replace(",", "")) is not None
 
 
+def parses_as_number(answer: str) -> bool:
+    """Whether ``answer`` is a finite decimal number as the datasets' scorers read one
+    (``Decimal`` after dropping thousands commas: ``-3.``, ``+01,000.00`` and ``1e3`` are numbers)."""
+    try:
+        return Decimal(answer.replace(",", "")).is_finite()
+    except (InvalidOperation, ValueError):
+        return False
+
+
 def has_gold_shape(answer: str, gold: str) -> bool:
     """A number for a numeric gold, a single word for a one-word gold; else any text."""
     if is_numeric(gold):
-        return is_numeric(answer)
+        return parses_as_number(answer)
     if len(gold.split()) == 1:
         return len(answer.split()) == 1
     return True
