@@ -107,8 +107,9 @@ class TaskConfig:
     Fields, all tasks:
       name: ``reversal``, ``sorting``, ``addition`` (digit tasks, character level), or
         ``reasoning_gym:<dataset>`` (e.g. ``reasoning_gym:chain_sum``), or ``mixture``.
-      eval_size: number of held-out items (fixed, independent of any run seed). A small task
-        space may yield fewer distinct items; the training stream never repeats one of them.
+      eval_size: number of held-out items (fixed, independent of any run seed); the training
+        stream never yields one of them. A chat task holds out at most half of the distinct
+        questions it finds, so a small task space yields fewer.
     Digit tasks only:
       min_digits / max_digits: inclusive range of the digit-string length (reversal,
         sorting) or of each operand's length (addition).
