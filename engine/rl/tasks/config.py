@@ -134,14 +134,14 @@ class TaskConfig:
     reward: RewardKind = RewardKind.PER_POSITION
     eval_size: int = 400
     options: dict[str, Any] = field(default_factory=dict)
-    mixture: tuple[MixtureEntry, ...] = ()
+    mixture: list[MixtureEntry] = field(default_factory=list)  # a list: asdict must equal its JSON
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     example: str = "worked"
     format_weight: float = 0.05
 
     def __hash__(self) -> int:  # options is a dict: hash its canonical JSON (configs are used as defaults)
         return hash((self.name, self.min_digits, self.max_digits, self.reward, self.eval_size,
-                     _canonical(self.options), self.mixture, self.system_prompt, self.example, self.format_weight))
+                     _canonical(self.options), tuple(self.mixture), self.system_prompt, self.example, self.format_weight))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward", RewardKind(self.reward))
@@ -153,9 +153,9 @@ class TaskConfig:
         mixture = self.mixture if isinstance(self.mixture, (list, tuple)) else None
         if mixture is None or len(mixture) > _MAX_MIXTURE:
             raise ValueError(f"mixture must be a list of at most {_MAX_MIXTURE} datasets")
-        object.__setattr__(self, "mixture", tuple(
+        object.__setattr__(self, "mixture", [
             e if isinstance(e, MixtureEntry) else MixtureEntry(**e) if isinstance(e, Mapping)
-            else MixtureEntry(*e) for e in mixture))
+            else MixtureEntry(*e) for e in mixture])
         if not isinstance(self.system_prompt, str) or len(self.system_prompt) > _MAX_TEXT:
             raise ValueError(f"system_prompt must be a string of at most {_MAX_TEXT} characters")
         if self.example not in EXAMPLE_STYLES:

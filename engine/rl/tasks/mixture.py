@@ -36,7 +36,7 @@ class MixtureTask(ChatTask):
         total = sum(e.weight for e in config.mixture)
         self.weights = np.array([e.weight / total for e in config.mixture])
         self.parts = [
-            ReasoningGymTask(replace(config, name=REASONING_GYM_PREFIX + e.dataset, options=e.options, mixture=(),
+            ReasoningGymTask(replace(config, name=REASONING_GYM_PREFIX + e.dataset, options=e.options, mixture=[],
                                      eval_size=max(1, round(config.eval_size * w))))
             for e, w in zip(config.mixture, self.weights)]
         self._by_dataset = {part.dataset: part for part in self.parts}  # each dataset once (TaskConfig)
