@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from engine.model.tokenizer import CharTokenizer
 from engine.rl.codec import CodecError, TaskCodec
 from engine.rl.tasks import ALPHABET, RewardKind, TaskConfig, make_task, task_names
-from engine.rl.tasks.rewards import exact_match, lcs_length, text_reward, token_reward
+from engine.rl.tasks.rewards import exact_match, token_reward
+from engine.rl.tasks.scoring import lcs_length, text_reward
 
 
 @pytest.fixture(scope="module")

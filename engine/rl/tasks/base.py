@@ -6,8 +6,8 @@ completion is a pure function of (task, prompt, completion text), so a coordinat
 recompute it from tokens without trusting anyone. Held-out prompts never appear in the
 train stream.
 
-What it does not know: token ids (``engine.rl.codec`` and ``engine.rl.tasks.rewards``
-turn tokens into text and score them), models, or how rollouts are produced.
+What it does not know: token ids (``engine.rl.codec`` and ``engine.rl.tasks.rewards`` turn
+tokens into text; ``engine.rl.tasks.scoring`` scores text), models, or how rollouts are produced.
 """
 
 from __future__ import annotations
@@ -15,18 +15,12 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from enum import Enum
 from typing import Iterator
 
 import numpy as np
 
-
-class RewardKind(str, Enum):
-    """How a well-formed completion is scored against the correct answer."""
-
-    EXACT = "exact"  #: 1.0 if equal, else 0.0
-    PER_POSITION = "per_position"  #: matching positions / max(len(answer), len(completion))
-    LCS = "lcs"  #: 2 * longest-common-subsequence / (len(answer) + len(completion))
+from engine.rl.tasks.config import TaskConfig
+from engine.rl.tasks.scoring import text_reward
 
 
 @dataclass(frozen=True)
@@ -35,34 +29,6 @@ class Example:
 
     prompt: str
     answer: str
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Which task and how hard. Validated on construction.
-
-    The defaults are the task of the shipped base checkpoint (``engine.rl.recipe``).
-
-    Fields:
-      name: registry name (``reversal``, ``sorting``, ``addition``).
-      min_digits / max_digits: inclusive range of the digit-string length (reversal,
-        sorting) or of each operand's length (addition).
-      reward: how completions are scored (``exact``, ``per_position``, ``lcs``).
-      eval_size: number of held-out prompts (fixed, independent of any run seed).
-    """
-
-    name: str = "reversal"
-    min_digits: int = 4
-    max_digits: int = 4
-    reward: RewardKind = RewardKind.PER_POSITION
-    eval_size: int = 400
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "reward", RewardKind(self.reward))
-        if not 1 <= self.min_digits <= self.max_digits <= 32:
-            raise ValueError(f"need 1 <= min_digits <= max_digits <= 32, got {self.min_digits}, {self.max_digits}")
-        if not 1 <= self.eval_size <= 100_000:
-            raise ValueError(f"eval_size must be in [1, 100000], got {self.eval_size}")
 
 
 class Task(ABC):
@@ -137,8 +103,6 @@ class Task(ABC):
 
     def reward_text(self, prompt: str, completion: str) -> float:
         """Score a decoded completion (without EOS) for ``prompt``; never raises."""
-        from engine.rl.tasks.rewards import text_reward
-
         try:
             answer = self.solve(prompt)
         except Exception:  # a malformed prompt is the caller's problem, not a crash

@@ -1,9 +1,11 @@
-"""Rewards from tokens: exact match and partial credit; malformed completions score 0.
+"""Rewards from tokens for the character-level tasks; malformed completions score 0.
 
 ``token_reward`` is what a coordinator calls: it takes the completion token ids exactly as
 sampled (possibly empty, unfinished, out of vocabulary) and returns a float in [0, 1]
 without raising. A completion earns credit only if it ends with EOS within the token
 budget and contains nothing but answer characters.
+
+Text scoring itself is ``engine.rl.tasks.scoring``.
 
 What it does not know: how tokens were produced, models, advantages.
 """
@@ -13,34 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine.rl.codec import TaskCodec
-from engine.rl.tasks.base import RewardKind, Task
-
-
-def lcs_length(a: str, b: str) -> int:
-    """Length of the longest common subsequence (O(len(a) * len(b)))."""
-    if not a or not b:
-        return 0
-    prev = [0] * (len(b) + 1)
-    for ca in a:
-        cur = [0]
-        for j, cb in enumerate(b):
-            cur.append(prev[j] + 1 if ca == cb else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
-
-
-def text_reward(answer: str, completion: str, kind: RewardKind, *, max_chars: int) -> float:
-    """Score ``completion`` against ``answer``. Empty or over-long completions score 0."""
-    if not completion or len(completion) > max(max_chars, len(answer)):
-        return 0.0
-    if kind is RewardKind.EXACT:
-        return float(completion == answer)
-    if kind is RewardKind.PER_POSITION:
-        hits = sum(1 for x, y in zip(answer, completion) if x == y)
-        return hits / max(len(answer), len(completion))
-    if kind is RewardKind.LCS:
-        return 2.0 * lcs_length(answer, completion) / (len(answer) + len(completion))
-    raise ValueError(f"unknown reward kind {kind!r}")
+from engine.rl.tasks.base import Task
 
 
 def completion_text(codec: TaskCodec, completion_ids: Sequence[int], allowed: str) -> str | None:
