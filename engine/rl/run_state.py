@@ -145,7 +145,13 @@ def restore_run(run_dir: str | Path, trainer: "Resumable") -> None:
     """Load a saved state into ``trainer`` (built with the same config and stage layout)."""
     run_dir = Path(run_dir)
     state = read_state(run_dir)
-    if state["config"] != trainer.config.to_dict():
+    # compared as configs, not dicts: a state saved before a field with a default existed
+    # (e.g. the task's newer options) still belongs to a run with that default
+    try:
+        saved = type(trainer.config).from_dict(state["config"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise RunStateError(f"{run_dir}: its trainer configuration is unreadable ({exc})") from exc
+    if saved != trainer.config:
         raise RunStateError(f"{run_dir}: saved with a different trainer configuration")
     pipeline = trainer.pipeline
     if len(state["versions"]) != pipeline.num_stages:
