@@ -179,9 +179,9 @@ async def _main(args) -> int:
                 node.resume()
             elif cmd == "set_limits":
                 node.set_limits(command["limits"])
-                node._emit_status()
+                node.emit_status()
             elif cmd == "status":
-                node._emit_status(force=True)
+                node.emit_status(force=True)
 
         if control.enabled:
             control.start_reader(loop, on_command, node.request_stop)

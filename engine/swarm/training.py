@@ -1,0 +1,240 @@
+"""Training micro-batches through the pipeline: forward, loss on the last stage, backward.
+
+One micro-batch of step ``s`` (``train_in`` with token ids to stage 0,
+``train_out`` with targets, mask, behaviour log-probs and advantages to the
+last stage) runs forward along its route keeping activations for backward
+(key ``"s:mb"``); the last stage waits for both its activations and its targets
+(a slot), computes the loss, reports ``mb_loss`` and sends the gradient of its
+input back; each stage backpropagates and accumulates its parameter gradients;
+stage 0 reports ``mb_done``. A *proximal* pass (``prox``: forward only, key
+``"ps:mb"``) returns the log-probs of the targets (``prox_done``) and keeps nothing.
+
+Gradients stay accumulated on the backend until the step is applied
+(``engine.swarm.replica_step``) or aborted. A failing micro-batch is reported
+(``mb_failed``) and its activations freed.
+
+What it does not know: rewards or advantages (they arrive computed), the
+optimiser step, replicas, links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Coroutine
+
+import numpy as np
+
+from engine.net.errors import ProtocolViolation
+from engine.swarm.generation import JOB_ERRORS
+from engine.swarm.node_context import NodeContext
+from engine.swarm.pipeline_hops import encode_activation, forward_encoded, rect
+
+log = logging.getLogger(__name__)
+
+#: most micro-batches the last stage lets wait for their activations or targets
+MAX_SLOTS = 4096
+
+
+def train_key(m: dict) -> str:
+    """Key of a training micro-batch; proximal (forward-only) passes get their own."""
+    return f"{'p' if m.get('prox') or m.get('kind') == 'prox' else ''}{m['step']}:{m['mb']}"
+
+
+@dataclass
+class _TrainSlot:
+    """Last stage: a micro-batch waits for its activations and its targets."""
+
+    act: tuple[dict, np.ndarray] | None = None
+    out: dict | None = None
+    created: float = field(default_factory=time.monotonic)
+
+
+class Training:
+    """The training micro-batches this stage takes part in."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self._slots: dict[str, _TrainSlot] = {}
+        self._keys: set[str] = set()  # micro-batches whose activations the backend keeps for backward
+
+    # ------------------------------------------------------------------ inbound (loop, no await)
+    def on_train_in(self, m: dict) -> None:
+        self._spawn(self._first(m), m["step"], m["mb"], f"polis-train-{m['step']}-{m['mb']}")
+
+    def on_train_out(self, m: dict) -> None:
+        key = train_key(m)
+        self._slot(key).out = m
+        self._spawn(self._last_if_ready(key), m["step"], m["mb"], f"polis-last-{key}")
+
+    def on_act(self, sender: str, h: dict, x: np.ndarray) -> None:
+        key = train_key(h)
+        if self.ctx.stage.spec.is_last:
+            self._slot(key).act = (h, x)
+            self._spawn(self._last_if_ready(key), h["step"], h["mb"], f"polis-last-{key}")
+        else:
+            self._spawn(self._mid(h, x), h["step"], h["mb"], f"polis-mid-{key}")
+
+    def on_grad(self, sender: str, h: dict, g: np.ndarray) -> None:
+        self._spawn(self._back(h, g), h["step"], h["mb"], f"polis-back-{h['job']}")
+
+    def _spawn(self, coro: Coroutine, step: int, mb: int, name: str) -> None:
+        self.ctx.tasks.spawn(self._guard(coro, step, mb), name)
+
+    async def _guard(self, coro: Coroutine, step: int, mb: int) -> None:
+        ctx = self.ctx
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except JOB_ERRORS as exc:
+            key = f"{step}:{mb}"
+            log.warning("job %s failed: %s", key, exc)
+            self._slots.pop(key, None)
+            if key in self._keys:
+                self._keys.discard(key)
+                await ctx.compute.run(ctx.stage.rt.release, key)
+            await ctx.coordinator.send({"type": "mb_failed", "step": step, "mb": mb, "reason": str(exc)[:500]})
+
+    def _slot(self, key: str) -> _TrainSlot:
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) > MAX_SLOTS:
+                raise ProtocolViolation("too many training micro-batches waiting")
+            slot = self._slots[key] = _TrainSlot()
+        return slot
+
+    # ------------------------------------------------------------------ passes
+    def _forward(self, prox: bool, key: str):
+        """The forward for a pass: keep activations for backward, or not (proximal)."""
+        rt = self.ctx.stage.rt
+        if prox:
+            return lambda _key, x: rt.forward_only(x)
+        self._keys.add(key)
+        return rt.train_forward
+
+    async def _first(self, m: dict) -> None:
+        ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
+        route, key = m["route"], train_key(m)
+        if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
+            raise ProtocolViolation("training input sent to a node that is not its first stage")
+        inputs = rect(m["inputs"], np.int64, "inputs")
+        if inputs.max() >= rt.vocab_size:
+            raise ProtocolViolation("input token id outside the vocabulary")
+        prox = bool(m.get("prox"))
+        if spec.is_last:
+            self._slot(key).act = ({"route": route}, inputs)
+            await self._last_if_ready(key)
+            return
+        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(prox, key), key, inputs,
+                                                ctx.stage.run_cfg.activation_encoding)
+        await ctx.peers.send(route[1], {"type": "act", "kind": "prox" if prox else "train", "job": key,
+                                        "route": route, "hop": 1, "versions": [rt.version], "tensor": tensor,
+                                        "step": m["step"], "mb": m["mb"]}, payload)
+
+    async def _mid(self, h: dict, x: np.ndarray) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        key = train_key(h)
+        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(h["kind"] == "prox", key), key, x,
+                                                ctx.stage.run_cfg.activation_encoding)
+        hop = h["hop"] + 1
+        await ctx.peers.send(h["route"][hop], {**h, "hop": hop, "tensor": tensor,
+                                               "versions": h["versions"] + [rt.version]}, payload)
+
+    async def _last_if_ready(self, key: str) -> None:
+        ctx, rt, run_cfg = self.ctx, self.ctx.stage.rt, self.ctx.stage.run_cfg
+        slot = self._slots.get(key)
+        if slot is None or slot.act is None or slot.out is None:
+            return
+        del self._slots[key]
+        (h, x), out = slot.act, slot.out
+        if h["route"] != out["route"]:
+            raise ProtocolViolation("activations and targets of a micro-batch name different routes")
+        targets = rect(out["targets"], np.int64, "targets")
+        mask = rect(out["mask"], bool, "mask")
+        behaviour = rect(out["behaviour"], np.float32, "behaviour")
+        advantages = np.asarray(out["advantages"], dtype=np.float32)
+        rows, width = x.shape[0], x.shape[1]
+        if targets.shape != (rows, width) or mask.shape != targets.shape or behaviour.shape != targets.shape \
+                or advantages.shape != (rows,):
+            raise ProtocolViolation("targets, mask, behaviour or advantages do not fit the activations")
+        if targets.max() >= rt.vocab_size:
+            raise ProtocolViolation("target token id outside the vocabulary")
+        temperature = run_cfg.sampling.temperature
+        if out.get("prox"):
+            logp = await ctx.compute.run(rt.prox_logprobs, x, targets, temperature)
+            await ctx.coordinator.send({"type": "prox_done", "step": out["step"], "mb": out["mb"],
+                                        "logprobs": np.round(logp, 6).tolist()})
+            return
+        proximal = None
+        if out.get("proximal") is not None:
+            proximal = rect(out["proximal"], np.float32, "proximal")
+            if proximal.shape != targets.shape:
+                raise ProtocolViolation("proximal log-probs do not fit the targets")
+        self._keys.add(key)
+        grad_in, stats = await ctx.compute.run(
+            rt.train_last, key, x, targets, mask, behaviour, advantages, out["normaliser"],
+            run_cfg.objective, temperature, proximal)
+        self._keys.discard(key)
+        ctx.counters["microbatches_trained"] += 1
+        step, mb = out["step"], out["mb"]
+        await ctx.coordinator.send({"type": "mb_loss", "step": step, "mb": mb, **stats})
+        route = out["route"]
+        if len(route) == 1:
+            await ctx.coordinator.send({"type": "mb_done", "step": step, "mb": mb})
+            return
+        tensor, payload = await ctx.compute.run(encode_activation, grad_in, run_cfg.activation_encoding)
+        hop = len(route) - 2
+        await ctx.peers.send(route[hop], {"type": "grad", "job": key, "route": route, "hop": hop, "tensor": tensor,
+                                          "step": step, "mb": mb}, payload)
+
+    async def _back(self, h: dict, g: np.ndarray) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        key = f"{h['step']}:{h['mb']}"
+        if key not in self._keys:
+            raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
+        self._keys.discard(key)
+        grad_in = await ctx.compute.run(rt.train_backward, key, g)
+        ctx.counters["microbatches_trained"] += 1
+        if ctx.stage.spec.is_first:
+            await ctx.coordinator.send({"type": "mb_done", "step": h["step"], "mb": h["mb"]})
+            return
+        tensor, payload = await ctx.compute.run(encode_activation, grad_in, ctx.stage.run_cfg.activation_encoding)
+        hop = h["hop"] - 1
+        await ctx.peers.send(h["route"][hop], {**h, "hop": hop, "tensor": tensor}, payload)
+
+    # ------------------------------------------------------------------ step boundaries
+    async def abort(self, step: int) -> None:
+        """Drop every micro-batch of ``step`` and the gradients accumulated so far."""
+        ctx = self.ctx
+        prefix = f"{step}:"
+        for key in [k for k in self._keys if k.startswith(prefix)]:
+            self._keys.discard(key)
+            await ctx.compute.run(ctx.stage.rt.release, key)
+        for key in [k for k in self._slots if k.startswith(prefix)]:
+            del self._slots[key]
+        await ctx.compute.run(ctx.stage.rt.zero_grad)
+
+    async def release_through(self, step: int) -> None:
+        """After a step was applied: free activations kept for micro-batches of it or older."""
+        for key in [k for k in self._keys if int(k.split(":")[0]) <= step]:
+            self._keys.discard(key)
+            await self.ctx.compute.run(self.ctx.stage.rt.release, key)
+
+    def abandon(self) -> None:
+        """Forget every micro-batch (coordinator lost, or reassigned) and free its memory."""
+        keys = set(self._keys)
+        self._keys.clear()
+        self._slots.clear()
+        rt = self.ctx.stage.rt
+        for key in keys:
+            self.ctx.compute.submit(rt.release, key)
+        if keys:
+            self.ctx.compute.submit(rt.zero_grad)
+
+    def expire(self, cutoff: float) -> None:
+        """Forget slots waiting since before ``cutoff`` (monotonic seconds)."""
+        for key in [k for k, s in self._slots.items() if s.created < cutoff]:
+            del self._slots[key]
