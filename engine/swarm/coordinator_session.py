@@ -19,7 +19,8 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import aiohttp
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Coroutine
 
 import numpy as np
 
@@ -58,24 +58,24 @@ class Generation:
         self._mid_touch: dict[str, float] = {}
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_gen(self, m: dict) -> None:
-        self._spawn(self._start(m), m["job"])
+    def on_gen(self, msg: dict) -> None:
+        self._spawn(self._start(msg), msg["job"])
 
-    def on_act(self, sender: str, h: dict, x: np.ndarray) -> None:
-        self._spawn(self._hop(h, x), h["job"])
+    def on_act(self, sender: str, header: dict, x: np.ndarray) -> None:
+        self._spawn(self._hop(header, x), header["job"])
 
-    def on_tok(self, sender: str, h: dict, payload: bytes) -> None:
-        state = self._first.get(h["job"])
+    def on_tok(self, sender: str, header: dict, payload: bytes) -> None:
+        state = self._first.get(header["job"])
         if state is None:
             return  # an abandoned job
         if sender != state["route"][-1]:
-            raise ProtocolViolation(f"tokens for {h['job']} from {sender}, not the route's last stage")
-        if len(h["tokens"]) != state["rows"]:
-            raise ProtocolViolation(f"{len(h['tokens'])} tokens for a job of {state['rows']} rows")
-        self._spawn(self._tokens(h), h["job"], prefix="polis-tok")
+            raise ProtocolViolation(f"tokens for {header['job']} from {sender}, not the route's last stage")
+        if len(header["tokens"]) != state["rows"]:
+            raise ProtocolViolation(f"{len(header['tokens'])} tokens for a job of {state['rows']} rows")
+        self._spawn(self._tokens(header), header["job"], prefix="polis-tok")
 
-    def on_drop(self, sender: str, h: dict, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(h["job"], h["route"], h["hop"]), f"polis-drop-{h['job']}")
+    def on_drop(self, sender: str, header: dict, payload: bytes) -> None:
+        self.ctx.tasks.spawn(self._drop(header["job"], header["route"], header["hop"]), f"polis-drop-{header['job']}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
         self.ctx.tasks.spawn(self._guard(coro, job), f"{prefix}-{job}")
@@ -90,19 +90,19 @@ class Generation:
             await self.ctx.coordinator.send({"type": "job_failed", "job": job, "reason": str(exc)[:500]})
 
     # ------------------------------------------------------------------ steps
-    async def _start(self, m: dict) -> None:
+    async def _start(self, msg: dict) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
-        route = m["route"]
+        route = msg["route"]
         if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
             raise ProtocolViolation("generation job sent to a node that is not its first stage")
-        ids = rect(m["prompt_ids"], np.int64, "prompt_ids")
+        ids = rect(msg["prompt_ids"], np.int64, "prompt_ids")
         if ids.max() >= rt.vocab_size:
             raise ProtocolViolation("prompt token id outside the vocabulary")
-        if len(self._first) >= MAX_JOBS and m["job"] not in self._first:
+        if len(self._first) >= MAX_JOBS and msg["job"] not in self._first:
             raise ProtocolViolation("too many generation jobs in flight")
-        self._first[m["job"]] = {"route": route, "params": m["params"], "rows": ids.shape[0],
+        self._first[msg["job"]] = {"route": route, "params": msg["params"], "rows": ids.shape[0],
                                  "touched": time.monotonic()}
-        await self._advance(m["job"], ids)
+        await self._advance(msg["job"], ids)
 
     async def _advance(self, job: str, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -119,27 +119,27 @@ class Generation:
                                                  "hop": 1, "versions": [rt.version], "tensor": tensor, "step": 0,
                                                  "mb": 0, "params": state["params"]}, payload)
 
-    async def _hop(self, h: dict, x: np.ndarray) -> None:
+    async def _hop(self, header: dict, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         ctx.counters["tokens_generated"] += x.shape[0]
         if ctx.stage.spec.is_last:
-            await self._sample(h, x)
+            await self._sample(header, x)
             return
-        if len(self._mid_touch) >= MAX_JOBS and h["job"] not in self._mid_touch:
+        if len(self._mid_touch) >= MAX_JOBS and header["job"] not in self._mid_touch:
             raise ProtocolViolation("too many generation jobs in flight")
-        self._mid_touch[h["job"]] = time.monotonic()
-        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, h["job"], x,
+        self._mid_touch[header["job"]] = time.monotonic()
+        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header["job"], x,
                                                 ctx.stage.run_cfg.activation_encoding)
-        hop = h["hop"] + 1
-        await ctx.peers.send(h["route"][hop], {**h, "hop": hop, "versions": h["versions"] + [rt.version],
+        hop = header["hop"] + 1
+        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "versions": header["versions"] + [rt.version],
                                                "tensor": tensor}, payload)
 
-    async def _sample(self, h: dict, x: np.ndarray) -> None:
+    async def _sample(self, header: dict, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        job, params = h["job"], h.get("params")
+        job, params = header["job"], header.get("params")
         if params is None:
             raise ProtocolViolation("generation step without sampling parameters")
-        versions = h["versions"] + [rt.version]
+        versions = header["versions"] + [rt.version]
         state = self._last.get(job)
         if state is None:
             if len(self._last) > MAX_JOBS:
@@ -159,7 +159,7 @@ class Generation:
                 state.finished[r] = tokens[r] == params["eos_id"]
         state.steps += 1
         done = bool(state.finished.all()) or state.steps >= params["max_new_tokens"]
-        route = h["route"]
+        route = header["route"]
         if done:
             del self._last[job]
             await ctx.compute.run(rt.drop, job)
@@ -175,18 +175,18 @@ class Generation:
             return
         await ctx.peers.send(route[0], {"type": "tok", "job": job, "tokens": [int(t) for t in tokens], "done": done})
 
-    async def _tokens(self, h: dict) -> None:
+    async def _tokens(self, header: dict) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        job = h["job"]
+        job = header["job"]
         state = self._first[job]
-        if h["done"]:
+        if header["done"]:
             del self._first[job]
             await ctx.compute.run(rt.drop, job)
             if len(state["route"]) > 2:
                 await ctx.peers.send(state["route"][1], {"type": "drop", "job": job, "route": state["route"],
                                                          "hop": 1})
             return
-        tokens = np.asarray(h["tokens"], dtype=np.int64)
+        tokens = np.asarray(header["tokens"], dtype=np.int64)
         if tokens.max() >= rt.vocab_size:
             raise ProtocolViolation("sampled token id outside the vocabulary")
         await self._advance(job, tokens[:, None])

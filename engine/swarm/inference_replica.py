@@ -82,14 +82,14 @@ class InferenceReplica:
                                     "source": source, "full": True})
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_stream_message(self, sender: str, h: dict, payload: bytes) -> None:
+    def on_stream_message(self, sender: str, header: dict, payload: bytes) -> None:
         """A ``wdelta``/``wlead`` arrived (even while loading): queue it for the follower task."""
         if self.ctx.role != "inference":
-            raise ProtocolViolation(f"'{h['type']}' sent to a trainer")
+            raise ProtocolViolation(f"'{header['type']}' sent to a trainer")
         if len(self._inbox) >= MAX_PENDING:
             self._inbox.popleft()  # the sequence check will ask for full weights
             self.stats["dropped"] += 1
-        self._inbox.append((sender, h, payload))
+        self._inbox.append((sender, header, payload))
         self._wakeup.set()
         if self._task is None or self._task.done():
             self._task = self.ctx.tasks.spawn(self._follow(), "polis-wstream-follow")
@@ -103,10 +103,10 @@ class InferenceReplica:
             await self._loaded.wait()
             if not self._inbox:
                 continue
-            sender, h, payload = self._inbox.popleft()
+            sender, header, payload = self._inbox.popleft()
             self._handling = True
             try:
-                await self._handle(sender, h, payload)
+                await self._handle(sender, header, payload)
             except asyncio.CancelledError:
                 raise
             except (NetError, OSError, asyncio.TimeoutError, ValueError, RuntimeError) as exc:
@@ -118,21 +118,21 @@ class InferenceReplica:
         log.warning("weight stream from %s refused: %s", peer, reason)
         self.ctx.peers.strike(peer, reason)
 
-    async def _handle(self, sender: str, h: dict, payload: bytes) -> None:
+    async def _handle(self, sender: str, header: dict, payload: bytes) -> None:
         ctx = self.ctx
         if not ctx.stage.loaded():
             return
         stage = ctx.stage.spec.stage_index
-        if h["stage"] != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
-            self._strike(sender, f"'{h['type']}' for stage {h['stage']} from a peer that does not train "
+        if header["stage"] != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
+            self._strike(sender, f"'{header['type']}' for stage {header['stage']} from a peer that does not train "
                                  f"stage {stage}")
             return
-        action = self.follower.decide(sender, h["type"], h["version"], h.get("stream"))
+        action = self.follower.decide(sender, header["type"], header["version"], header.get("stream"))
         if action == StreamFollower.IGNORE:
             return
         if action == StreamFollower.APPLY:
             try:
-                version, checksum = await ctx.compute.run(self._apply_delta, h, payload)
+                version, checksum = await ctx.compute.run(self._apply_delta, header, payload)
             except OutOfSequence as exc:
                 log.info("weight stream from %s out of sequence (%s); fetching full weights", sender, exc)
             except ProtocolViolation as exc:
@@ -145,12 +145,12 @@ class InferenceReplica:
                 return
         await self._fetch(sender)
 
-    def _apply_delta(self, h: dict, payload: bytes) -> tuple[int, float]:
+    def _apply_delta(self, header: dict, payload: bytes) -> tuple[int, float]:
         """Compute thread: the delta to the shadow, the new values into the backend, the new version."""
         rt = self.ctx.stage.rt
-        updated = self.follower.apply(h["delta"], payload, h["version"])
+        updated = self.follower.apply(header["delta"], payload, header["version"])
         try:
-            rt.set_weights(updated, h["version"])
+            rt.set_weights(updated, header["version"])
         except Exception:
             self.follower.forget()  # backend and shadow may now disagree: full weights next
             raise

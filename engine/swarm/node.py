@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from backends.base import OptimizerConfig, StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.net.identity import Identity
-from engine.swarm import tensor_bundle
 from engine.swarm.compute_thread import ComputeThread
 from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
 from engine.swarm.generation import Generation
@@ -51,8 +50,9 @@ from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
 from engine.swarm.node_status import NodeStatus
 from engine.swarm.peer_links import PeerLinks
 from engine.swarm.pipeline_hops import check_hop, decode_activation
-from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S, ReplicaStep
+from engine.swarm.replica_step import ReplicaStep
 from engine.swarm.run_config import run_config_from_dict
+from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer
 from engine.swarm.stage_runtime import StageRuntime
 from engine.swarm.training import Training
 from engine.swarm.weight_stream_leader import WeightStreamLeader
@@ -139,7 +139,7 @@ class Node:
             self.session = ctx.coordinator = CoordinatorSession(
                 config.coordinator_url, identity, ctx.tasks, hello_fields=self._hello_fields,
                 on_welcome=self._welcomed, on_message=self.on_coordinator,
-                on_members=lambda m: ctx.membership.update(m["stages"], m.get("inference")),
+                on_members=lambda msg: ctx.membership.update(msg["stages"], msg.get("inference")),
                 while_connected=self.status.report_loop, emit=self.emit, set_state=self.status.set_state,
                 reconnect_max_s=config.reconnect_max_s)
         self._coordinator_handlers: dict[str, Callable[[dict], None]] = {
@@ -160,7 +160,6 @@ class Node:
             "drop": self.generation.on_drop,
             "share": self.replicas.on_share,
             "weights_req": self._on_weights_req,
-            "weights": self.ctx.weights.deliver,
         }
 
     # ------------------------------------------------------------------ views
@@ -241,14 +240,7 @@ class Node:
                 "max_layers": self.config.max_layers,
                 "stage": spec.stage_index if spec else None, "num_stages": spec.num_stages if spec else None,
                 "version": rt.version, "run_id": stage.run_id,
-                "has_base": (self._base_dir() / "config.json").exists(), "role": self.role}
-
-    def _base_dir(self) -> Path:
-        if self.config.base_checkpoint:
-            return Path(self.config.base_checkpoint)
-        from engine.paths import base_checkpoint_dir
-
-        return base_checkpoint_dir()
+                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role}
 
     async def _welcomed(self, welcome: dict) -> None:
         """Load what the welcome assigns, then tell the coordinator we are ready."""
@@ -270,51 +262,30 @@ class Node:
         self.status.set_state("contributing", f"serving {stage.spec.describe(stage.num_layers)}")
         self.status.emit_status()
 
-    async def _apply_welcome(self, w: dict) -> None:
+    async def _apply_welcome(self, welcome: dict) -> None:
         ctx, stage = self.ctx, self.ctx.stage
-        stage.run_cfg = run_config_from_dict(w["run"])
-        stage.run_id = w["run_id"]
-        spec = StageSpec(w["stage"], w["num_stages"], w["layer_start"], w["layer_end"])
-        stage.num_layers = w["num_layers"]
+        stage.run_cfg = run_config_from_dict(welcome["run"])
+        stage.run_id = welcome["run_id"]
+        spec = StageSpec(welcome["stage"], welcome["num_stages"], welcome["layer_start"], welcome["layer_end"])
+        stage.num_layers = welcome["num_layers"]
         optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer")
         if self.links is not None:
-            await self.links.start(w["signal_url"])
-        keep = stage.spec == spec and w["source"] == "keep" and stage.rt.backend is not None
+            await self.links.start(welcome["signal_url"])
+        keep = stage.spec == spec and welcome["source"] == "keep" and stage.rt.backend is not None
         if not keep:
             await self.replica.before_load()
             await self.leader.clear()
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
-            if w["source"] == "peer" and w["source_peer"]:
-                await self._load_from_peer(spec, w["source_peer"], optimizer)
+            if welcome["source"] == "peer" and welcome["source_peer"]:
+                header, weights = await load_from_peer(ctx, spec, welcome["source_peer"], optimizer)
+                await self.replica.joined(welcome["source_peer"], header, weights)
             else:
-                # an inference replica serves as the version its files hold (rollouts carry it)
-                await self.compute.run(stage.rt.load_checkpoint, self._base_dir(), spec, optimizer,
-                                       w["stage_checkpoint"] or None,
-                                       None if self.role == "inference" else w["version"])
+                await load_from_files(ctx, base_dir(self.config.base_checkpoint), spec, optimizer,
+                                      welcome["stage_checkpoint"], welcome["version"])
         stage.spec = spec
         self.replicas.new_weights(fresh=not keep)
-        ctx.membership.coordinator_version = w["version"]
+        ctx.membership.coordinator_version = welcome["version"]
         self.replica.after_load()
-
-    async def _load_from_peer(self, spec: StageSpec, peer: str, optimizer: OptimizerConfig) -> None:
-        from backends.stage_layout import plan_stage
-        from engine.model.config import ModelConfig
-
-        waiter = self.ctx.weights.expect(peer)
-        request = {"type": "weights_req", "stage": spec.stage_index}
-        if self.role == "inference":
-            request["stream"] = True  # and follow the weight stream that starts from these weights
-        await self.ctx.peers.send(peer, request)
-        header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
-        config_dict = header["config"]
-        config = ModelConfig.from_dict(config_dict, source=f"replica {peer}")
-        names = [e["name"] for e in header["tensors"]]
-        layout = plan_stage(spec, config, names)
-        weights = tensor_bundle.unpack(header["tensors"], payload, layout.shapes, require_all=True)
-        await self.compute.run(self.ctx.stage.rt.load_weights, spec, config_dict, weights, optimizer,
-                               header["version"])
-        log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header["version"], peer)
-        await self.replica.joined(peer, header, weights)
 
     def _connect_neighbours(self) -> None:
         """Open links ahead of need to every peer we will exchange with (neighbour stages, replicas)."""
@@ -330,71 +301,75 @@ class Node:
         self.links.connect_ahead(wanted)
 
     # ------------------------------------------------------------------ coordinator messages
-    def on_coordinator(self, m: dict) -> None:
+    def on_coordinator(self, msg: dict) -> None:
         """A validated coordinator message: dispatch on its type."""
-        kind = m["type"]
+        kind = msg["type"]
         if kind in TRAINING_MESSAGES and self.role != "trainer":
             log.warning("ignored '%s': this node is an inference replica and does no training", kind)
             return
         handler = self._coordinator_handlers.get(kind)
         if handler is not None:
-            handler(m)
+            handler(msg)
 
-    def _on_abort(self, m: dict) -> None:
-        self.ctx.tasks.spawn(self._abort(m["step"]), f"polis-abort-{m['step']}")
+    def _on_abort(self, msg: dict) -> None:
+        self.ctx.tasks.spawn(self._abort(msg["step"]), f"polis-abort-{msg['step']}")
 
     async def _abort(self, step: int) -> None:
         await self.training.abort(step)
         self.replicas.forget(step)
 
-    def _on_members(self, m: dict) -> None:
-        self.ctx.membership.update(m["stages"], m.get("inference"))
-        self.ctx.membership.coordinator_version = m["version"]
+    def _on_members(self, msg: dict) -> None:
+        self.ctx.membership.update(msg["stages"], msg.get("inference"))
+        self.ctx.membership.coordinator_version = msg["version"]
         self._connect_neighbours()
         self.status.emit_status()
 
-    def _on_reassign(self, m: dict) -> None:
-        self.ctx.tasks.spawn(self._reassign(m), "polis-reassign")
+    def _on_reassign(self, msg: dict) -> None:
+        self.ctx.tasks.spawn(self._reassign(msg), "polis-reassign")
 
-    async def _reassign(self, m: dict) -> None:
+    async def _reassign(self, msg: dict) -> None:
         self._abandon_jobs()
-        await self._apply_welcome(m)
+        await self._apply_welcome(msg)
         await self._ready()
 
-    def _on_shutdown(self, m: dict) -> None:
-        log.info("coordinator asked us to stop: %s", m["reason"])
+    def _on_shutdown(self, msg: dict) -> None:
+        log.info("coordinator asked us to stop: %s", msg["reason"])
         self.request_stop()
 
     # ------------------------------------------------------------------ peer messages
-    def on_peer(self, sender: str, h: dict, payload: bytes) -> None:
+    def on_peer(self, sender: str, header: dict, payload: bytes) -> None:
         """A validated peer message: check it may reach us now, dispatch on its type."""
-        kind = h["type"]
+        kind = header["type"]
         if kind in ("wdelta", "wlead"):  # queued even while loading; handled once a stage is loaded
-            self.replica.on_stream_message(sender, h, payload)
+            self.replica.on_stream_message(sender, header, payload)
+            return
+        if kind == "weights":  # what a node that holds no stage yet loads from (only if it asked that peer)
+            self.ctx.weights.deliver(sender, header, payload)
             return
         if not self.ctx.stage.loaded():
             raise ProtocolViolation(f"'{kind}' arrived before this node holds a stage")
         spec = self.ctx.stage.spec
         if kind in ("act", "drop", "grad"):
-            check_hop(kind, h, sender, self.ctx.peer_id, spec.stage_index, spec.num_stages)
+            check_hop(kind, header, sender, self.ctx.peer_id, spec.stage_index, spec.num_stages)
         handler = self._peer_handlers.get(kind)
         if handler is not None:
-            handler(sender, h, payload)
+            handler(sender, header, payload)
 
-    def _on_act(self, sender: str, h: dict, payload: bytes) -> None:
-        x = decode_activation(h["tensor"], payload, self.ctx.stage.rt.hidden_size)
-        (self.generation if h["kind"] == "gen" else self.training).on_act(sender, h, x)
+    def _on_act(self, sender: str, header: dict, payload: bytes) -> None:
+        x = decode_activation(header["tensor"], payload, self.ctx.stage.rt.hidden_size)
+        (self.generation if header["kind"] == "gen" else self.training).on_act(sender, header, x)
 
-    def _on_grad(self, sender: str, h: dict, payload: bytes) -> None:
-        self.training.on_grad(sender, h, decode_activation(h["tensor"], payload, self.ctx.stage.rt.hidden_size))
+    def _on_grad(self, sender: str, header: dict, payload: bytes) -> None:
+        grad = decode_activation(header["tensor"], payload, self.ctx.stage.rt.hidden_size)
+        self.training.on_grad(sender, header, grad)
 
-    def _on_weights_req(self, sender: str, h: dict, payload: bytes) -> None:
-        if h["stage"] != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
-            raise ProtocolViolation(f"weights of stage {h['stage']} asked by {sender}, not a replica of ours")
-        if h.get("stream"):
-            self.leader.on_stream_request(sender, h, payload)
+    def _on_weights_req(self, sender: str, header: dict, payload: bytes) -> None:
+        if header["stage"] != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
+            raise ProtocolViolation(f"weights of stage {header['stage']} asked by {sender}, not a replica of ours")
+        if header.get("stream"):
+            self.leader.on_stream_request(sender, header, payload)
         else:
-            self.replicas.on_weights_req(sender, h, payload)
+            self.replicas.on_weights_req(sender, header, payload)
 
     # ------------------------------------------------------------------ housekeeping
     def _abandon_jobs(self) -> None:

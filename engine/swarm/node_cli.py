@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 import threading
@@ -31,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.control_protocol import (ProtocolError, add_limit_arguments, encode_event, limits_from_args,
-                                     parse_command)
+from engine.control_protocol import ProtocolError, add_limit_arguments, encode_event, limits_from_args, parse_command
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.net.errors import ProtocolViolation
 

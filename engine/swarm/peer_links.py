@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.net.identity import Identity

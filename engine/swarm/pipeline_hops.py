@@ -12,7 +12,8 @@ What it does not know: what a job is, the backend, links.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

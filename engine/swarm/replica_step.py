@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from engine.net.errors import ProtocolViolation
 from engine.swarm import tensor_bundle
@@ -57,21 +57,21 @@ class ReplicaStep:
             self._compressor = ReplicaCompressor(run_cfg.update_encoding, run_cfg.update_topk_fraction)
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_apply(self, m: dict) -> None:
-        self.ctx.tasks.spawn(self._apply(m), f"polis-apply-{m['step']}")
+    def on_apply(self, msg: dict) -> None:
+        self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg['step']}")
 
-    def on_sync(self, m: dict) -> None:
-        self.ctx.tasks.spawn(self._resync(m["source_peer"]), "polis-resync")
+    def on_sync(self, msg: dict) -> None:
+        self.ctx.tasks.spawn(self._resync(msg["source_peer"]), "polis-resync")
 
-    def on_share(self, sender: str, h: dict, payload: bytes) -> None:
+    def on_share(self, sender: str, header: dict, payload: bytes) -> None:
         if sender not in self.ctx.stage_members():
             raise ProtocolViolation(f"gradient share from {sender}, who is not a replica of our stage")
-        if len(self._shares) > MAX_SHARE_STEPS and h["step"] not in self._shares:
+        if len(self._shares) > MAX_SHARE_STEPS and header["step"] not in self._shares:
             raise ProtocolViolation("too many steps of gradient shares in flight")
-        self._shares.setdefault(h["step"], {})[sender] = (h["tensors"], payload)
+        self._shares.setdefault(header["step"], {})[sender] = (header["tensors"], payload)
         self._share_event.set()
 
-    def on_weights_req(self, sender: str, h: dict, payload: bytes) -> None:
+    def on_weights_req(self, sender: str, header: dict, payload: bytes) -> None:
         self.ctx.tasks.spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
 
     def forget(self, step: int | None = None) -> None:
@@ -82,10 +82,10 @@ class ReplicaStep:
             self._shares.pop(step, None)
 
     # ------------------------------------------------------------------ the step
-    async def _apply(self, m: dict) -> None:
+    async def _apply(self, msg: dict) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        step, version = m["step"], m["version"]
-        others = sorted(p for p in m["replicas"] if p != ctx.peer_id)
+        step, version = msg["step"], msg["version"]
+        others = sorted(p for p in msg["replicas"] if p != ctx.peer_id)
         grads = await ctx.compute.run(rt.grads)
         dense = dense_nbytes(grads)
         update_bytes = 0
@@ -116,13 +116,13 @@ class ReplicaStep:
         self._shares = {s: v for s, v in self._shares.items() if s > step}
         await self._release_through(step)
         path = None
-        if m["checkpoint"]:
+        if msg["checkpoint"]:
             path = str(self.stage_checkpoint_path())
             await ctx.compute.run(rt.save_stage, path, version)
         await ctx.coordinator.send({"type": "stepped", "step": step, "version": version, "grad_norm": norm,
                                     "checksum": checksum, "update_bytes": update_bytes, "dense_bytes": dense,
                                     "checkpoint_path": path})
-        self._after_step(m)
+        self._after_step(msg)
         ctx.on_status()
 
     async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
@@ -148,7 +148,8 @@ class ReplicaStep:
             from engine.paths import user_data_dir
 
             root = user_data_dir()
-        return root / "stages" / (self.ctx.stage.run_id or "run") / f"stage{self.ctx.stage.spec.stage_index}.safetensors"
+        stage = self.ctx.stage
+        return root / "stages" / (stage.run_id or "run") / f"stage{stage.spec.stage_index}.safetensors"
 
     # ------------------------------------------------------------------ full weights between replicas
     async def _send_weights(self, peer: str) -> None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Coroutine
 
 import numpy as np
 
@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 MAX_SLOTS = 4096
 
 
-def train_key(m: dict) -> str:
+def train_key(msg: dict) -> str:
     """Key of a training micro-batch; proximal (forward-only) passes get their own."""
-    return f"{'p' if m.get('prox') or m.get('kind') == 'prox' else ''}{m['step']}:{m['mb']}"
+    return f"{'p' if msg.get('prox') or msg.get('kind') == 'prox' else ''}{msg['step']}:{msg['mb']}"
 
 
 @dataclass
@@ -61,24 +61,24 @@ class Training:
         self._keys: set[str] = set()  # micro-batches whose activations the backend keeps for backward
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_train_in(self, m: dict) -> None:
-        self._spawn(self._first(m), m["step"], m["mb"], f"polis-train-{m['step']}-{m['mb']}")
+    def on_train_in(self, msg: dict) -> None:
+        self._spawn(self._first(msg), msg["step"], msg["mb"], f"polis-train-{msg['step']}-{msg['mb']}")
 
-    def on_train_out(self, m: dict) -> None:
-        key = train_key(m)
-        self._slot(key).out = m
-        self._spawn(self._last_if_ready(key), m["step"], m["mb"], f"polis-last-{key}")
+    def on_train_out(self, msg: dict) -> None:
+        key = train_key(msg)
+        self._slot(key).out = msg
+        self._spawn(self._last_if_ready(key), msg["step"], msg["mb"], f"polis-last-{key}")
 
-    def on_act(self, sender: str, h: dict, x: np.ndarray) -> None:
-        key = train_key(h)
+    def on_act(self, sender: str, header: dict, x: np.ndarray) -> None:
+        key = train_key(header)
         if self.ctx.stage.spec.is_last:
-            self._slot(key).act = (h, x)
-            self._spawn(self._last_if_ready(key), h["step"], h["mb"], f"polis-last-{key}")
+            self._slot(key).act = (header, x)
+            self._spawn(self._last_if_ready(key), header["step"], header["mb"], f"polis-last-{key}")
         else:
-            self._spawn(self._mid(h, x), h["step"], h["mb"], f"polis-mid-{key}")
+            self._spawn(self._mid(header, x), header["step"], header["mb"], f"polis-mid-{key}")
 
-    def on_grad(self, sender: str, h: dict, g: np.ndarray) -> None:
-        self._spawn(self._back(h, g), h["step"], h["mb"], f"polis-back-{h['job']}")
+    def on_grad(self, sender: str, header: dict, g: np.ndarray) -> None:
+        self._spawn(self._back(header, g), header["step"], header["mb"], f"polis-back-{header['job']}")
 
     def _spawn(self, coro: Coroutine, step: int, mb: int, name: str) -> None:
         self.ctx.tasks.spawn(self._guard(coro, step, mb), name)
@@ -115,15 +115,15 @@ class Training:
         self._keys.add(key)
         return rt.train_forward
 
-    async def _first(self, m: dict) -> None:
+    async def _first(self, msg: dict) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
-        route, key = m["route"], train_key(m)
+        route, key = msg["route"], train_key(msg)
         if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
             raise ProtocolViolation("training input sent to a node that is not its first stage")
-        inputs = rect(m["inputs"], np.int64, "inputs")
+        inputs = rect(msg["inputs"], np.int64, "inputs")
         if inputs.max() >= rt.vocab_size:
             raise ProtocolViolation("input token id outside the vocabulary")
-        prox = bool(m.get("prox"))
+        prox = bool(msg.get("prox"))
         if spec.is_last:
             self._slot(key).act = ({"route": route}, inputs)
             await self._last_if_ready(key)
@@ -132,16 +132,16 @@ class Training:
                                                 ctx.stage.run_cfg.activation_encoding)
         await ctx.peers.send(route[1], {"type": "act", "kind": "prox" if prox else "train", "job": key,
                                         "route": route, "hop": 1, "versions": [rt.version], "tensor": tensor,
-                                        "step": m["step"], "mb": m["mb"]}, payload)
+                                        "step": msg["step"], "mb": msg["mb"]}, payload)
 
-    async def _mid(self, h: dict, x: np.ndarray) -> None:
+    async def _mid(self, header: dict, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        key = train_key(h)
-        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(h["kind"] == "prox", key), key, x,
+        key = train_key(header)
+        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(header["kind"] == "prox", key), key, x,
                                                 ctx.stage.run_cfg.activation_encoding)
-        hop = h["hop"] + 1
-        await ctx.peers.send(h["route"][hop], {**h, "hop": hop, "tensor": tensor,
-                                               "versions": h["versions"] + [rt.version]}, payload)
+        hop = header["hop"] + 1
+        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "tensor": tensor,
+                                               "versions": header["versions"] + [rt.version]}, payload)
 
     async def _last_if_ready(self, key: str) -> None:
         ctx, rt, run_cfg = self.ctx, self.ctx.stage.rt, self.ctx.stage.run_cfg
@@ -149,8 +149,8 @@ class Training:
         if slot is None or slot.act is None or slot.out is None:
             return
         del self._slots[key]
-        (h, x), out = slot.act, slot.out
-        if h["route"] != out["route"]:
+        (header, x), out = slot.act, slot.out
+        if header["route"] != out["route"]:
             raise ProtocolViolation("activations and targets of a micro-batch name different routes")
         targets = rect(out["targets"], np.int64, "targets")
         mask = rect(out["mask"], bool, "mask")
@@ -190,20 +190,20 @@ class Training:
         await ctx.peers.send(route[hop], {"type": "grad", "job": key, "route": route, "hop": hop, "tensor": tensor,
                                           "step": step, "mb": mb}, payload)
 
-    async def _back(self, h: dict, g: np.ndarray) -> None:
+    async def _back(self, header: dict, g: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        key = f"{h['step']}:{h['mb']}"
+        key = f"{header['step']}:{header['mb']}"
         if key not in self._keys:
             raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
         self._keys.discard(key)
         grad_in = await ctx.compute.run(rt.train_backward, key, g)
         ctx.counters["microbatches_trained"] += 1
         if ctx.stage.spec.is_first:
-            await ctx.coordinator.send({"type": "mb_done", "step": h["step"], "mb": h["mb"]})
+            await ctx.coordinator.send({"type": "mb_done", "step": header["step"], "mb": header["mb"]})
             return
         tensor, payload = await ctx.compute.run(encode_activation, grad_in, ctx.stage.run_cfg.activation_encoding)
-        hop = h["hop"] - 1
-        await ctx.peers.send(h["route"][hop], {**h, "hop": hop, "tensor": tensor}, payload)
+        hop = header["hop"] - 1
+        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "tensor": tensor}, payload)
 
     # ------------------------------------------------------------------ step boundaries
     async def abort(self, step: int) -> None:

@@ -42,23 +42,23 @@ class WeightStreamLeader:
             self.state.clear()
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_stream_request(self, sender: str, h: dict, payload: bytes) -> None:
+    def on_stream_request(self, sender: str, header: dict, payload: bytes) -> None:
         """``weights_req(stream=True)``: only an inference replica may follow a trainer's stream."""
         if self.ctx.role != "trainer" or sender not in self.ctx.membership.inference:
             raise ProtocolViolation(f"a weight stream asked by {sender}, not an inference replica, "
                                     f"or of a node that does not train")
         self.ctx.tasks.spawn(self._send_stream_weights(sender), f"polis-weights-{sender[:8]}")
 
-    def after_step(self, m: dict) -> None:
+    def after_step(self, msg: dict) -> None:
         """An ``apply`` was stepped: stream it (in a named task) if we lead the stage."""
-        self.ctx.tasks.spawn(self.stream_step(m), f"polis-wstream-{m['version']}")
+        self.ctx.tasks.spawn(self.stream_step(msg), f"polis-wstream-{msg['version']}")
 
     # ------------------------------------------------------------------ streaming
-    async def stream_step(self, m: dict) -> None:
-        """If we lead the stage named by ``apply`` message ``m``, stream to its inference replicas."""
+    async def stream_step(self, msg: dict) -> None:
+        """If we lead the stage named by ``apply`` message ``msg``, stream to its inference replicas."""
         ctx = self.ctx
-        leading = m["replicas"][0] == ctx.peer_id
-        targets = sorted(set(m.get("inference") or ()) - {ctx.peer_id}) if leading else []
+        leading = msg["replicas"][0] == ctx.peer_id
+        targets = sorted(set(msg.get("inference") or ()) - {ctx.peer_id}) if leading else []
         async with self._lock:  # the compute thread may be encoding: change streams only here
             self.state.retain(targets)  # not leading: drop them all; a later lead starts afresh
             if not targets:

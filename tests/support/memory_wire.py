@@ -10,7 +10,7 @@ corrupt messages on the way. No WebRTC, no sockets.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import msgpack
 
@@ -29,7 +29,7 @@ class MemoryWire:
         self.mangle: Callable[[str, str, dict, bytes], tuple[dict, bytes]] = \
             lambda src, dst, header, payload: (header, payload)
 
-    def sender(self, peer_id: str) -> "MemorySender":
+    def sender(self, peer_id: str) -> MemorySender:
         return MemorySender(self, peer_id)
 
     def attach(self, peer_id: str, on_peer: Callable[[str, dict, bytes], None]) -> None:
