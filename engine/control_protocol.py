@@ -4,8 +4,13 @@
 and writes one JSON object per line on stdout (events). Logs go to stderr, never
 stdout, so the event stream stays parseable. Every line is validated here on
 both sides; an invalid line is reported (``error`` event / ``ProtocolError``) and
-skipped, never fatal. This module knows the message shapes only — not Qt, not
-sockets, not what a node does with a command.
+skipped, never fatal. Every command and event is a typed struct (msgspec, see
+``engine.net.wire``): bounded fields, unknown keys refused, NaN/inf refused, on the
+encoding side too, so a node that emits a field this module does not know fails in
+its own tests instead of in the GUI. ``parse_command``/``parse_event`` return plain
+maps (what the GUI and the node handle); ``decode_command``/``decode_event`` return
+the structs. This module knows the message shapes only — not Qt, not sockets, not
+what a node does with a command.
 
 Commands (supervisor -> node), each ``{"cmd": NAME, ...}``:
 
@@ -18,8 +23,8 @@ Commands (supervisor -> node), each ``{"cmd": NAME, ...}``:
 Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
 
 ``hello``    once at start: ``version``, ``peer_id``, ``fingerprint``, ``key_storage``
-             (``"keyring"`` | ``"file"``), ``device`` (words), ``backend``,
-             ``memory_gb`` (device memory or ``null``).
+             (``"keyring"`` | ``"file"``), ``key_storage_note`` (optional words),
+             ``device`` (words), ``backend``, ``memory_gb`` (device memory or ``null``).
 ``state``    ``state`` in :data:`STATES`, ``detail`` (words for the user).
 ``status``   ``state``, ``coordinator`` (URL or null), ``stage`` (index or null),
              ``num_stages``, ``layers`` (e.g. ``"layers 1-2 of 4"``), ``role``
@@ -27,7 +32,8 @@ Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
              ``limits`` (the limits in force).
 ``stats``    cumulative for this session: ``tokens_generated``, ``microbatches_trained``,
              ``bytes_sent``, ``bytes_received``, ``uptime_s``, ``points``,
-             ``policy_version``, ``staleness_mean``, ``tokens_per_s`` (recent rate).
+             ``policy_version``, ``staleness_mean``, ``tokens_per_s`` (recent rate),
+             ``compute_busy_fraction`` (optional: share of wall time the compute thread worked).
 ``swarm``    swarm-wide: ``policy_version``, ``eval`` (list of ``{"version", "accuracy"}``),
              ``reward`` (list of ``{"version", "reward"}``), ``stages`` (list of
              ``{"stage", "layers", "replicas", "mine"}``).
@@ -37,10 +43,13 @@ Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping, Union
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from engine.net.wire import FLOAT_MAX, unbounded_float_fields
 
 #: longest line either side accepts (bytes); longer lines are rejected unread.
 MAX_LINE_BYTES = 256 * 1024
@@ -63,86 +72,225 @@ class ProtocolError(ValueError):
     """A control line that is not valid JSON or not a valid command/event."""
 
 
+class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """Base of the control structs (unknown keys refused)."""
+
+
+#: Any subset of LIMIT_FIELDS (a field left out is UNSET: "unchanged"; null: "no limit").
+Limits = msgspec.defstruct(
+    "Limits",
+    [(name, Union[Annotated[kind, Meta(ge=low, le=high, description=meaning)], None, UnsetType], UNSET)
+     for name, (kind, low, high, meaning) in LIMIT_FIELDS.items()],
+    bases=(_Strict,), module=__name__)
+
+Text = Annotated[str, Meta(max_length=1000)]
+Name = Annotated[str, Meta(max_length=200)]
+#: a non-negative figure; ints stay ints on the wire (the GUI shows them as sent)
+Count = Union[Annotated[int, Meta(ge=0, le=10**18)], Annotated[float, Meta(ge=0.0, le=1e18)]]
+Version = Annotated[int, Meta(ge=0, le=1 << 40)]
+State = Literal["idle", "connecting", "loading", "contributing", "paused", "stopping", "error"]
+
+
+# ---------------------------------------------------------------- commands (supervisor -> node)
+class _Command(_Strict, tag_field="cmd"):
+    """A command line: ``{"cmd": NAME, ...}``."""
+
+
+class Start(_Command, tag="start"):
+    """Begin (or resume) contributing."""
+
+
+class Pause(_Command, tag="pause"):
+    """Stop taking new work; finish or hand back what is in flight."""
+
+
+class Stop(_Command, tag="stop"):
+    """Leave the swarm cleanly and exit."""
+
+
+class SetLimits(_Command, tag="set_limits"):
+    limits: Limits = msgspec.field(default_factory=Limits)  # the limits to change
+
+
+class Status(_Command, tag="status"):
+    """Ask for an immediate status event."""
+
+
+Command = Union[Start, Pause, Stop, SetLimits, Status]
+
+
+# ---------------------------------------------------------------- events (node -> supervisor)
+class _Event(_Strict, tag_field="event"):
+    t: Annotated[float, Meta(ge=0.0, le=FLOAT_MAX)]  # unix seconds when the node wrote it
+
+
+class Hello(_Event, tag="hello"):
+    version: Name  # the node's software version
+    peer_id: Name  # its identity
+    fingerprint: Name  # its key fingerprint, for the user to compare
+    key_storage: Literal["keyring", "file"]  # where the private key lives
+    device: Name  # the compute device in words
+    backend: Name  # the compute backend
+    memory_gb: Annotated[float, Meta(ge=0.0, le=1e6)] | None  # device memory (None: unknown)
+    key_storage_note: Text | UnsetType = UNSET  # words about the key storage, when it needs some
+
+
+class StateEvent(_Event, tag="state"):
+    state: State  # the node's state
+    detail: Text = ""  # words for the user
+
+
+class StatusEvent(_Event, tag="status"):
+    state: State  # the node's state
+    coordinator: Annotated[str, Meta(max_length=2048)] | None  # URL, or None while there is none
+    stage: Annotated[int, Meta(ge=0, le=4096)] | None  # stage index served, if any
+    num_stages: Annotated[int, Meta(ge=1, le=4096)] | None  # pipeline depth, if known
+    layers: Name | None  # e.g. "layers 1-2 of 4"
+    role: Literal["trainer", "inference"]  # what the node does
+    peers: Annotated[int, Meta(ge=0, le=1 << 20)]  # open peer links
+    policy_version: Version | None  # version of the weights it holds
+    limits: Limits  # the limits in force
+
+
+class Stats(_Event, tag="stats"):
+    tokens_generated: Count  # cumulative this session
+    microbatches_trained: Count  # cumulative this session
+    bytes_sent: Count  # on peer links, this session
+    bytes_received: Count  # on peer links, this session
+    uptime_s: Count  # seconds since the node started
+    points: Count  # contribution points this session
+    policy_version: Version | None  # version of the weights it holds
+    staleness_mean: Annotated[float, Meta(ge=0.0, le=1e9)] | None  # mean rollout staleness, versions
+    tokens_per_s: Count  # recent generation rate
+    compute_busy_fraction: Annotated[float, Meta(ge=0.0, le=1e3)] | UnsetType = UNSET  # compute thread busy share
+
+
+class EvalPoint(_Strict):
+    version: Version  # policy version evaluated
+    accuracy: Annotated[float, Meta(ge=0.0, le=1.0)]  # held-out accuracy
+
+
+class RewardPoint(_Strict):
+    version: Version  # policy version
+    reward: Annotated[float, Meta(ge=-1e6, le=1e6)]  # mean rollout reward
+
+
+class StageRow(_Strict):
+    stage: Annotated[int, Meta(ge=0, le=4096)]  # stage index
+    layers: Name  # e.g. "layers 1-2 of 4"
+    replicas: Annotated[int, Meta(ge=0, le=1 << 20)]  # nodes serving it
+    mine: bool  # this node serves it
+
+
+class SwarmEvent(_Event, tag="swarm"):
+    policy_version: Version  # the swarm's current version
+    eval: Annotated[list[EvalPoint], Meta(max_length=10_000)]  # held-out accuracy curve
+    reward: Annotated[list[RewardPoint], Meta(max_length=10_000)]  # reward curve
+    stages: Annotated[list[StageRow], Meta(max_length=4096)]  # the pipeline
+
+
+class LogEvent(_Event, tag="log"):
+    level: Literal["debug", "info", "warning", "error", "critical"]  # severity
+    message: Annotated[str, Meta(max_length=8000)]  # a user-facing log line
+
+
+class ErrorEvent(_Event, tag="error"):
+    message: Annotated[str, Meta(max_length=8000)]  # what happened
+    hint: Annotated[str, Meta(max_length=4000)] = ""  # what to do next
+    fatal: bool = False  # the node is exiting
+
+
+Event = Union[Hello, StateEvent, StatusEvent, Stats, SwarmEvent, LogEvent, ErrorEvent]
+
+for _union in (Command, Event):
+    if unbounded_float_fields(_union):  # the NaN/inf rule of engine.net.wire
+        raise TypeError(f"unbounded float fields: {unbounded_float_fields(_union)}")
+_COMMANDS = msgspec.json.Decoder(Command)
+_EVENTS = msgspec.json.Decoder(Event)
+_ENCODER = msgspec.json.Encoder()
+_COMMAND_TYPES = {"start": Start, "pause": Pause, "stop": Stop, "set_limits": SetLimits, "status": Status}
+_EVENT_TYPES = {"hello": Hello, "state": StateEvent, "status": StatusEvent, "stats": Stats, "swarm": SwarmEvent,
+                "log": LogEvent, "error": ErrorEvent}
+
+
+def _error(exc: Exception) -> ProtocolError:
+    return ProtocolError(str(exc)[:300])
+
+
 def validate_limits(limits: Any) -> dict[str, float | int | None]:
     """Return a clean copy of ``limits`` or raise :class:`ProtocolError` naming the bad field."""
     if not isinstance(limits, Mapping):
         raise ProtocolError("limits must be an object")
-    clean: dict[str, float | int | None] = {}
-    for name, value in limits.items():
-        if name not in LIMIT_FIELDS:
-            raise ProtocolError(f"unknown limit '{name}' (known: {', '.join(LIMIT_FIELDS)})")
-        kind, low, high, _ = LIMIT_FIELDS[name]
-        if value is None:
-            clean[name] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(f"limit '{name}' must be a number or null, got {type(value).__name__}")
-        if kind is int and value != int(value):
-            raise ProtocolError(f"limit '{name}' must be a whole number")
-        if not math.isfinite(value) or not low <= value <= high:
-            raise ProtocolError(f"limit '{name}' = {value} is outside [{low}, {high}]")
-        clean[name] = kind(value)
-    return clean
-
-
-def _decode_line(line: str | bytes) -> dict[str, Any]:
-    if isinstance(line, bytes):
-        if len(line) > MAX_LINE_BYTES:
-            raise ProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ProtocolError(f"line is not UTF-8: {exc}") from None
-    if len(line) > MAX_LINE_BYTES:
-        raise ProtocolError(f"line of {len(line)} characters exceeds {MAX_LINE_BYTES}")
+    unknown = [name for name in limits if name not in LIMIT_FIELDS]
+    if unknown:
+        raise ProtocolError(f"unknown limit '{unknown[0]}' (known: {', '.join(LIMIT_FIELDS)})")
     try:
-        message = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(f"not JSON: {exc.msg}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError("a line must hold a JSON object")
-    return message
+        return msgspec.to_builtins(msgspec.convert(dict(limits), Limits))
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"limit {exc}") from None
+
+
+def _check_line(line: str | bytes) -> str | bytes:
+    if len(line) > MAX_LINE_BYTES:
+        unit = "bytes" if isinstance(line, bytes) else "characters"
+        raise ProtocolError(f"line of {len(line)} {unit} exceeds {MAX_LINE_BYTES}")
+    return line
+
+
+def decode_command(line: str | bytes) -> Command:
+    """One command line as its struct (node side); raises ProtocolError."""
+    try:
+        return _COMMANDS.decode(_check_line(line))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _error(exc) from None
+
+
+def decode_event(line: str | bytes) -> Event:
+    """One event line as its struct (supervisor side); raises ProtocolError."""
+    try:
+        return _EVENTS.decode(_check_line(line))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _error(exc) from None
 
 
 def parse_command(line: str | bytes) -> dict[str, Any]:
-    """Validate one command line (node side)."""
-    message = _decode_line(line)
-    cmd = message.get("cmd")
-    if cmd not in COMMANDS:
-        raise ProtocolError(f"unknown command {cmd!r} (known: {', '.join(COMMANDS)})")
-    if cmd == "set_limits":
-        message["limits"] = validate_limits(message.get("limits"))
-    return message
+    """Validate one command line (node side); the command as a plain map."""
+    return msgspec.to_builtins(decode_command(line))
 
 
 def parse_event(line: str | bytes) -> dict[str, Any]:
-    """Validate one event line (supervisor side). Unknown extra keys are kept."""
-    message = _decode_line(line)
-    event = message.get("event")
-    if event not in EVENTS:
-        raise ProtocolError(f"unknown event {event!r}")
-    if event in ("state", "status") and message.get("state") not in STATES:
-        raise ProtocolError(f"unknown state {message.get('state')!r}")
-    if event == "error" and not isinstance(message.get("message"), str):
-        raise ProtocolError("error event without a message")
-    return message
+    """Validate one event line (supervisor side); the event as a plain map, numbers as sent."""
+    decode_event(line)
+    return msgspec.json.decode(line)
 
 
 def encode_command(cmd: str, **fields: Any) -> str:
-    """One command as a line (with the trailing newline)."""
-    if cmd not in COMMANDS:
-        raise ProtocolError(f"unknown command {cmd!r}")
+    """One command as a line (with the trailing newline); raises ProtocolError if invalid."""
+    kind = _COMMAND_TYPES.get(cmd)
+    if kind is None:
+        raise ProtocolError(f"unknown command {cmd!r} (known: {', '.join(COMMANDS)})")
     if cmd == "set_limits":
         fields["limits"] = validate_limits(fields.get("limits", {}))
-    return json.dumps({"cmd": cmd, **fields}, separators=(",", ":")) + "\n"
+    try:
+        message = msgspec.convert(fields, kind)
+    except msgspec.ValidationError as exc:
+        raise _error(exc) from None
+    return _ENCODER.encode(message).decode("utf-8") + "\n"
 
 
 def encode_event(event: str, **fields: Any) -> str:
-    """One event as a line (with the trailing newline); adds the timestamp ``t``."""
-    if event not in EVENTS:
-        raise ProtocolError(f"unknown event {event!r}")
-    return json.dumps({"event": event, "t": round(time.time(), 3), **fields},
-                      separators=(",", ":"), allow_nan=False) + "\n"
+    """One event as a line (with the trailing newline); adds the timestamp ``t``.
+
+    The fields are validated like an inbound event (ProtocolError names the bad one).
+    """
+    kind = _EVENT_TYPES.get(event)
+    if kind is None:
+        raise ProtocolError(f"unknown event {event!r} (known: {', '.join(EVENTS)})")
+    try:
+        message = msgspec.convert({"t": round(time.time(), 3), **fields}, kind)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"{event} event: {exc}") from None
+    return _ENCODER.encode(message).decode("utf-8") + "\n"
 
 
 # -- limits on the node's command line ------------------------------------------------

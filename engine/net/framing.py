@@ -28,6 +28,7 @@ from typing import Iterator
 import msgpack
 
 from engine.net.errors import ProtocolViolation
+from engine.net.wire import WireMessage, encode_msgpack
 
 MAGIC = b"\xb7P"
 VERSION = 1
@@ -78,8 +79,10 @@ def _no_ext(code: int, data: bytes):
     raise ProtocolViolation(f"msgpack extension type {code} is not allowed in a header")
 
 
-def pack_header(header: dict) -> bytes:
-    """msgpack-encode a header, checking it is a map with a short ``str`` ``"type"``."""
+def pack_header(header: dict | WireMessage) -> bytes:
+    """msgpack-encode a header (a typed message, or a map with a short ``str`` ``"type"``)."""
+    if isinstance(header, WireMessage):
+        return encode_msgpack(header)
     if not isinstance(header, dict):
         raise TypeError(f"a header must be a dict, not {type(header).__name__}")
     kind = header.get("type")

@@ -6,7 +6,7 @@
 * :func:`framed_throughput_in_process` - PeerLink framing over the same setup
   (isolates framing cost from process effects).
 * :func:`framed_goodput_two_processes` - a float32 tensor (encoded with the project
-  codec) from this process to a :mod:`engine.net.loopback_peer` child, through
+  codec) from this process to an :mod:`engine.net.echo_peer` child, through
   signed signalling, until the child acknowledges the sha256 of what it decoded.
 * :func:`rtt_two_processes` - small-message round trips over the control channel.
 
@@ -166,7 +166,10 @@ class LoopbackSession:
         self.server = await start_signalling_server()
         self.client = SignallingClient(self.server.url, Identity.generate())
         await self.client.connect()
-        self.manager = PeerManager(self.client, PeerManagerConfig(link=self.link_config))
+        from engine.net.echo_peer import ECHO_MESSAGES
+
+        self.manager = PeerManager(self.client, PeerManagerConfig(link=self.link_config),
+                                   validator=ECHO_MESSAGES.convert)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -181,22 +184,24 @@ async def framed_goodput_two_processes(elements: int = 4 * 1024 * 1024, *, encod
                                        child: Any = None) -> dict[str, Any]:
     """Tensor goodput (payload bytes / second until acknowledged) to a child process;
     ``mb_s`` from the median of ``repeats`` transfers on one link."""
-    from engine.net.loopback_peer import PeerProcess, encode_for_wire, make_tensor
+    from engine.net.echo_peer import PeerProcess, TensorAck, TensorMessage, make_tensor
+    from engine.net.tensor_codec import encode_tensor
 
     async def run(sess: LoopbackSession, proc: PeerProcess) -> dict[str, Any]:
         import hashlib
 
         link = await sess.manager.ensure_link(proc.peer_id)
         array = make_tensor(elements, seed=7)
-        header, payload = encode_for_wire(array, encoding)
+        encoded = encode_tensor(array, encoding)
+        payload = encoded.payload
         sha = hashlib.sha256(array.tobytes()).hexdigest()
         times, intact = [], True
         for i in range(repeats):
             start = time.perf_counter()
-            await link.send({"type": "tensor", "id": i + 1, "tensor": header}, payload, channel="bulk")
+            await link.send(TensorMessage(id=i + 1, tensor=encoded.header), payload, channel="bulk")
             reply, _ = await asyncio.wait_for(link.recv(), 600.0)
             times.append(time.perf_counter() - start)
-            intact = intact and reply.get("type") == "tensor_ack" and reply.get("sha256") == sha
+            intact = intact and isinstance(reply, TensorAck) and reply.sha256 == sha
         median = statistics.median(times)
         return {"mb_s": len(payload) / median / MB, "seconds": median, "bytes": len(payload),
                 "best_mb_s": len(payload) / min(times) / MB, "runs_mb_s": [len(payload) / t / MB for t in times],
@@ -213,7 +218,7 @@ async def framed_goodput_two_processes(elements: int = 4 * 1024 * 1024, *, encod
 async def rtt_two_processes(count: int = 200, payload_bytes: int = 64, *,
                             session: LoopbackSession | None = None, child: Any = None) -> dict[str, Any]:
     """Round trips of small ``ping`` messages on the control channel to a child process."""
-    from engine.net.loopback_peer import PeerProcess
+    from engine.net.echo_peer import PeerProcess, Ping
 
     async def run(sess: LoopbackSession, proc: PeerProcess) -> dict[str, Any]:
         link = await sess.manager.ensure_link(proc.peer_id)
@@ -221,7 +226,7 @@ async def rtt_two_processes(count: int = 200, payload_bytes: int = 64, *,
         rtts = []
         for i in range(count + 10):
             start = time.perf_counter()
-            await link.send({"type": "ping", "id": i}, payload)
+            await link.send(Ping(id=i), payload)
             await asyncio.wait_for(link.recv(), 10.0)
             if i >= 10:  # warm-up
                 rtts.append((time.perf_counter() - start) * 1000.0)
@@ -247,7 +252,7 @@ async def transport_summary(total_mb: float = 16.0, frame_bytes: int = 255 * 102
     reported. One process runs both ends of its association on one core; two processes
     can use two.
     """
-    from engine.net.loopback_peer import PeerProcess
+    from engine.net.echo_peer import PeerProcess
 
     if rounds < 1:
         raise ValueError("transport_summary needs rounds >= 1")

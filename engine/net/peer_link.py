@@ -26,6 +26,7 @@ from engine.net.errors import LinkClosed, ProtocolViolation
 from engine.net.framing import FrameLimits, Reassembler, frame_count, iter_frames, pack_header
 from engine.net.link_config import (DEFAULT_REMOTE_MAX_MESSAGE_BYTES, IceServer, LinkConfig, LinkStats,
                                     enlarge_socket_buffers, remote_max_message_bytes, rtc_configuration)
+from engine.net.wire import WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +149,11 @@ class PeerLink:
 
     # ----------------------------------------------------------------- sending
 
-    async def send(self, header: dict, payload: bytes | bytearray | memoryview = b"",
+    async def send(self, header: dict | WireMessage, payload: bytes | bytearray | memoryview = b"",
                    channel: Channel = "control") -> None:
         """Send one message; returns once all its frames are queued (backpressure applied).
 
+        ``header`` is a typed message (``engine.net.wire``) or a map with a ``"type"``.
         ``payload`` may be any C-contiguous buffer (``array.data``); do not modify it
         until ``send`` returns. Messages on one channel leave in call order. If the
         caller is cancelled mid-message, the remaining frames are still sent, so the
@@ -254,7 +256,9 @@ class PeerLink:
                     return
                 header, payload = message
                 if self._validator is not None:
-                    self._validator(header)
+                    decoded = self._validator(header)
+                    if decoded is not None:
+                        header = decoded
                 if (self._inbox.qsize() >= self.config.inbox_max_messages
                         or self._inbox_bytes + len(payload) > self.config.inbox_max_bytes):
                     raise ProtocolViolation("receive queue full: the peer is sending faster than it is read")
@@ -284,8 +288,11 @@ class PeerLink:
             self._mark_closed("strikes")
             asyncio.get_running_loop().create_task(self._close_pc(), name=f"polis-link-abort-{self.peer_id}")
 
-    async def recv(self) -> tuple[dict, bytes]:
-        """The next message ``(header, payload)``; raises LinkClosed once closed and drained."""
+    async def recv(self) -> tuple[Any, bytes]:
+        """The next message ``(header, payload)``; raises LinkClosed once closed and drained.
+
+        ``header`` is what the link's ``validator`` returned for it (a typed message),
+        or the decoded map when there is no validator or it returned None."""
         if self._inbox.empty() and self._closed:
             raise LinkClosed(f"link to {self.peer_id} is closed ({self.closed_reason})")
         item = await self._inbox.get()
@@ -295,7 +302,7 @@ class PeerLink:
         self._inbox_bytes -= len(item[1])
         return item
 
-    def __aiter__(self) -> AsyncIterator[tuple[dict, bytes]]:
+    def __aiter__(self) -> AsyncIterator[tuple[Any, bytes]]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[tuple[dict, bytes]]:

@@ -30,7 +30,9 @@ from aiohttp import web
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, peer_id_for, verify_signature
 from engine.net.signalling_protocol import (NONCE_HEX_CHARS, PROTOCOL_VERSION, SERVER_INBOUND, SERVER_REGISTRATION,
-                                            b64, b64decode_exact, parse_json, registration_bytes)
+                                            Challenge, DeliveredSignal, Error, Registered, SendSignal, b64,
+                                            b64decode_exact, parse_json, registration_bytes)
+from engine.net.wire import encode_json, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -126,13 +128,13 @@ class SignallingServer:
     async def _reject(self, ws: web.WebSocketResponse, reason: str) -> None:
         log.info("signalling: refused a registration: %s", reason)
         if not ws.closed:
-            await ws.send_json({"type": "error", "reason": reason})
+            await self._send_error(ws, reason)
             await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=b"registration refused")
 
     async def _register(self, ws: web.WebSocketResponse) -> str | None:
         cfg = self.config
         nonce = secrets.token_bytes(NONCE_HEX_CHARS // 2)
-        await ws.send_json({"type": "challenge", "nonce": nonce.hex(), "protocol": PROTOCOL_VERSION})
+        await ws.send_str(encode_json(Challenge(nonce=nonce.hex(), protocol=PROTOCOL_VERSION)))
         try:
             msg = await ws.receive(timeout=cfg.register_timeout_s)
         except asyncio.TimeoutError:
@@ -142,15 +144,15 @@ class SignallingServer:
             return None
         try:
             reg = parse_json(msg.data, SERVER_REGISTRATION, cfg.max_message_chars)
-            key = b64decode_exact(reg["public_key"], PUBLIC_KEY_BYTES, "public_key")
-            signature = b64decode_exact(reg["signature"], SIGNATURE_BYTES, "signature")
-            if peer_id_for(key) != reg["peer_id"]:
+            key = b64decode_exact(reg.public_key, PUBLIC_KEY_BYTES, "public_key")
+            signature = b64decode_exact(reg.signature, SIGNATURE_BYTES, "signature")
+            if peer_id_for(key) != reg.peer_id:
                 raise AuthenticationError("peer id is not the hash of the public key")
             verify_signature(key, registration_bytes(nonce, key), signature)
         except (ProtocolViolation, AuthenticationError) as exc:
             await self._reject(ws, f"registration refused: {exc}")
             return None
-        peer_id = reg["peer_id"]
+        peer_id = reg.peer_id
         previous = self._peers.get(peer_id)
         if previous is None and len(self._peers) >= cfg.max_peers:
             await self._reject(ws, "the signalling server is full")
@@ -160,7 +162,7 @@ class SignallingServer:
         if previous is not None and not previous.ws.closed:
             log.info("signalling: %s registered again; closing its previous websocket", peer_id)
             await previous.ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=b"replaced")
-        await ws.send_json({"type": "registered", "peer_id": peer_id})
+        await ws.send_str(encode_json(Registered(peer_id=peer_id)))
         log.info("signalling: %s registered", peer_id)
         if self.on_register:
             self.on_register(peer_id, key)
@@ -191,7 +193,7 @@ class SignallingServer:
             if message is None:
                 strikes += 1
                 log.warning("signalling: bad message from %s: %s (strike %d)", peer_id, reason, strikes)
-                await ws.send_json({"type": "error", "reason": reason[:400]})
+                await self._send_error(ws, reason)
                 if strikes > self.config.max_strikes:
                     await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=b"too many bad messages")
                     return
@@ -200,20 +202,25 @@ class SignallingServer:
             if entry is None or entry.ws is not ws:
                 return  # replaced by a newer registration
             if not self._take_token(entry):
-                await ws.send_json({"type": "error", "reason": "rate limit exceeded",
-                                    "session": message["session"], "to": message["to"]})
+                await self._send_error(ws, "rate limit exceeded", message)
                 continue
-            target = self._peers.get(message["to"])
+            target = self._peers.get(message.to)
             if target is None or target.ws.closed:
-                await ws.send_json({"type": "error", "reason": f"peer {message['to']} is not connected",
-                                    "session": message["session"], "to": message["to"]})
+                await self._send_error(ws, f"peer {message.to} is not connected", message)
                 continue
-            forwarded = self.relay_transform({**message, "from": peer_id, "from_key": b64(entry.public_key)})
+            delivered = DeliveredSignal(to=message.to, kind=message.kind, session=message.session, sdp=message.sdp,
+                                        signature=message.signature, sender=peer_id, from_key=b64(entry.public_key))
+            forwarded = self.relay_transform(to_dict(delivered))
             try:
                 await target.ws.send_str(json.dumps(forwarded))
             except ConnectionError:
-                await ws.send_json({"type": "error", "reason": f"peer {message['to']} went away",
-                                    "session": message["session"], "to": message["to"]})
+                await self._send_error(ws, f"peer {message.to} went away", message)
+
+    @staticmethod
+    async def _send_error(ws: web.WebSocketResponse, reason: str, about: SendSignal | None = None) -> None:
+        error = Error(reason=reason[:400]) if about is None else Error(reason=reason[:400], session=about.session,
+                                                                     to=about.to)
+        await ws.send_str(encode_json(error))
 
 
 @dataclass

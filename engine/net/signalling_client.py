@@ -20,8 +20,11 @@ import aiohttp
 
 from engine.net.errors import AuthenticationError, LinkClosed, ProtocolViolation
 from engine.net.identity import Identity
-from engine.net.signalling_protocol import (CLIENT_INBOUND, SIGNAL_KINDS, SignalProblem, SignedSignal, b64,
-                                            parse_json, registration_bytes, signal_bytes, verify_delivered)
+from engine.net.signalling_protocol import (CLIENT_INBOUND, SIGNAL_KINDS, Challenge, ClientInbound,
+                                            DeliveredSignal, Error, Register, Registered, SendSignal,
+                                            SignalProblem, SignedSignal, b64, parse_json, registration_bytes,
+                                            signal_bytes, verify_delivered)
+from engine.net.wire import encode_json
 
 log = logging.getLogger(__name__)
 
@@ -88,16 +91,19 @@ class SignallingClient:
             raise LinkClosed(f"cannot reach the signalling server at {self.url}: {exc}") from exc
         try:
             challenge = await self._receive_json(ws, cfg.connect_timeout_s)
-            if challenge["type"] != "challenge":
-                raise ProtocolViolation(f"expected a challenge, got {challenge['type']!r}")
-            nonce = bytes.fromhex(challenge["nonce"])
+            if not isinstance(challenge, Challenge):
+                raise ProtocolViolation(f"expected a challenge, got {type(challenge).__name__}")
+            try:
+                nonce = bytes.fromhex(challenge.nonce)
+            except ValueError:
+                raise ProtocolViolation("the challenge nonce is not hex") from None
             signature = self.identity.sign(registration_bytes(nonce, self.identity.public_key))
-            await ws.send_json({"type": "register", "peer_id": self.peer_id,
-                                "public_key": b64(self.identity.public_key), "signature": b64(signature)})
+            await ws.send_str(encode_json(Register(peer_id=self.peer_id, public_key=b64(self.identity.public_key),
+                                                   signature=b64(signature))))
             reply = await self._receive_json(ws, cfg.connect_timeout_s)
-            if reply["type"] == "error":
-                raise AuthenticationError(f"signalling server refused registration: {reply['reason']}")
-            if reply["type"] != "registered" or reply["peer_id"] != self.peer_id:
+            if isinstance(reply, Error):
+                raise AuthenticationError(f"signalling server refused registration: {reply.reason}")
+            if not isinstance(reply, Registered) or reply.peer_id != self.peer_id:
                 raise ProtocolViolation("unexpected registration reply")
         except BaseException:
             await ws.close()
@@ -106,7 +112,7 @@ class SignallingClient:
         self.registered.set()
         log.info("registered %s with %s", self.peer_id, self.url)
 
-    async def _receive_json(self, ws, timeout_s: float) -> dict:
+    async def _receive_json(self, ws, timeout_s: float) -> ClientInbound:
         try:
             msg = await ws.receive(timeout=timeout_s)
         except asyncio.TimeoutError as exc:
@@ -145,24 +151,24 @@ class SignallingClient:
                 log.warning("signalling: dropped a bad message from the server: %s", exc)
                 continue
             try:
-                if message["type"] == "error":
-                    log.info("signalling server: %s", message["reason"])
+                if isinstance(message, Error):
+                    log.info("signalling server: %s", message.reason)
                     if self.on_problem:
-                        self.on_problem(SignalProblem(message["reason"], session=message.get("session"),
-                                                      recipient=message.get("to")))
-                elif message["type"] == "signal":
+                        self.on_problem(SignalProblem(message.reason, session=message.session,
+                                                      recipient=message.to))
+                elif isinstance(message, DeliveredSignal):
                     self._deliver(message)
             except Exception:  # an observer's bug must not end the signalling connection
                 log.exception("signalling: a handler failed")
 
-    def _deliver(self, message: dict) -> None:
+    def _deliver(self, message: DeliveredSignal) -> None:
         try:
             signal = verify_delivered(message, self.peer_id)
         except (AuthenticationError, ProtocolViolation) as exc:
-            log.warning("refused a %s from %s: %s", message["kind"], message["from"], exc)
+            log.warning("refused a %s from %s: %s", message.kind, message.sender, exc)
             if self.on_problem:
-                self.on_problem(SignalProblem(f"signature check failed: {exc}", session=message["session"],
-                                              kind=message["kind"], sender=message["from"],
+                self.on_problem(SignalProblem(f"signature check failed: {exc}", session=message.session,
+                                              kind=message.kind, sender=message.sender,
                                               authentication_failed=True))
             return
         if self.on_signal:
@@ -176,8 +182,8 @@ class SignallingClient:
         if ws is None or ws.closed:
             raise LinkClosed("not connected to the signalling server")
         signature = self.identity.sign(signal_bytes(kind, self.peer_id, to, session, sdp))
-        await ws.send_json({"type": "signal", "to": to, "kind": kind, "session": session, "sdp": sdp,
-                            "signature": b64(signature)})
+        await ws.send_str(encode_json(SendSignal(to=to, kind=kind, session=session, sdp=sdp,  # type: ignore[arg-type]
+                                                 signature=b64(signature))))
 
     async def close(self) -> None:
         self._closing = True

@@ -1,7 +1,7 @@
-"""The signalling wire protocol: message schemas, what gets signed, how it is verified.
+"""The signalling wire protocol: typed messages, what gets signed, how it is verified.
 
-Messages are JSON text frames on a websocket, size-capped and validated against
-the ``*_SCHEMA`` constants before use:
+Messages are JSON text frames on a websocket, size-capped and decoded into the
+typed structs below (``engine.net.wire``) before use:
 
 * server -> peer ``challenge`` {nonce}; peer -> server ``register`` {peer_id,
   public_key, signature over (nonce, public key)}; server -> peer ``registered``;
@@ -20,40 +20,78 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import Meta
 
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, peer_id_for, verify_signature
-from engine.net.schema import Int, Schema, SchemaRegistry, Str
+from engine.net.wire import MessageSet, WireMessage
 
 PROTOCOL_VERSION = 1
 SIGNAL_KINDS = ("offer", "answer", "reject")
 NONCE_HEX_CHARS = 64
 SESSION_HEX_CHARS = 32
 MAX_SDP_CHARS = 48 * 1024
-_PEER_ID = Str(16, 16)
-_B64_KEY = Str(1, 64)
-_B64_SIG = Str(1, 128)
+#: no signalling message may be longer than this (characters), whatever a config says
+MAX_MESSAGE_CHARS = 1024 * 1024
+PeerId = Annotated[str, Meta(min_length=16, max_length=16)]
+B64Key = Annotated[str, Meta(min_length=1, max_length=64)]
+B64Signature = Annotated[str, Meta(min_length=1, max_length=128)]
+SessionId = Annotated[str, Meta(min_length=SESSION_HEX_CHARS, max_length=SESSION_HEX_CHARS)]
+SignalKind = Literal["offer", "answer", "reject"]
 
-# client -> server
-REGISTER_SCHEMA = Schema("register", {"peer_id": _PEER_ID, "public_key": _B64_KEY, "signature": _B64_SIG})
-SEND_SCHEMA = Schema("signal", {
-    "to": _PEER_ID, "kind": Str(choices=SIGNAL_KINDS), "session": Str(SESSION_HEX_CHARS, SESSION_HEX_CHARS),
-    "sdp": Str(0, MAX_SDP_CHARS), "signature": _B64_SIG})
-# server -> client
-CHALLENGE_SCHEMA = Schema("challenge", {"nonce": Str(NONCE_HEX_CHARS, NONCE_HEX_CHARS),
-                                        "protocol": Int(PROTOCOL_VERSION, PROTOCOL_VERSION)})
-REGISTERED_SCHEMA = Schema("registered", {"peer_id": _PEER_ID})
-DELIVER_SCHEMA = Schema("signal", {**SEND_SCHEMA.fields, "from": _PEER_ID, "from_key": _B64_KEY})
-ERROR_SCHEMA = Schema("error", {"reason": Str(0, 500), "session": Str(0, 64, required=False, nullable=True),
-                                "to": Str(0, 64, required=False, nullable=True)})
 
-SERVER_REGISTRATION = SchemaRegistry([REGISTER_SCHEMA])
-SERVER_INBOUND = SchemaRegistry([SEND_SCHEMA])
-CLIENT_INBOUND = SchemaRegistry([CHALLENGE_SCHEMA, REGISTERED_SCHEMA, DELIVER_SCHEMA, ERROR_SCHEMA])
+# ---------------------------------------------------------------- client -> server
+class Register(WireMessage, tag="register"):
+    peer_id: PeerId  # hash of public_key
+    public_key: B64Key  # base64 Ed25519 public key
+    signature: B64Signature  # base64, over registration_bytes(nonce, public key)
+
+
+class SendSignal(WireMessage, tag="signal"):
+    to: PeerId  # the recipient
+    kind: SignalKind  # offer | answer | reject
+    session: SessionId  # hex id of the WebRTC session this signal belongs to
+    sdp: Annotated[str, Meta(max_length=MAX_SDP_CHARS)]  # the SDP ("" for reject)
+    signature: B64Signature  # base64, over signal_bytes(kind, sender, to, session, sdp)
+
+
+# ---------------------------------------------------------------- server -> client
+class Challenge(WireMessage, tag="challenge"):
+    nonce: Annotated[str, Meta(min_length=NONCE_HEX_CHARS, max_length=NONCE_HEX_CHARS)]  # hex, to sign
+    protocol: Annotated[int, Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]  # PROTOCOL_VERSION
+
+
+class Registered(WireMessage, tag="registered"):
+    peer_id: PeerId  # the id the server registered
+
+
+class DeliveredSignal(WireMessage, tag="signal"):
+    to: PeerId  # the recipient (must be us)
+    kind: SignalKind  # offer | answer | reject
+    session: SessionId  # hex session id
+    sdp: Annotated[str, Meta(max_length=MAX_SDP_CHARS)]  # the SDP
+    signature: B64Signature  # the sender's signature
+    sender: PeerId = msgspec.field(name="from")  # the sender, as the server registered it
+    from_key: B64Key  # the sender's key the server verified at registration
+
+
+class Error(WireMessage, tag="error"):
+    reason: Annotated[str, Meta(max_length=500)]  # in words
+    session: Annotated[str, Meta(max_length=64)] | None = None  # the session of the refused signal
+    to: Annotated[str, Meta(max_length=64)] | None = None  # the recipient of the refused signal
+
+
+SERVER_REGISTRATION: MessageSet[Register] = MessageSet("signalling register", Register,
+                                                       max_size=MAX_MESSAGE_CHARS)
+SERVER_INBOUND: MessageSet[SendSignal] = MessageSet("signalling inbound", SendSignal, max_size=MAX_MESSAGE_CHARS)
+ClientInbound = Union[Challenge, Registered, DeliveredSignal, Error]
+CLIENT_INBOUND: MessageSet[ClientInbound] = MessageSet("signalling client", ClientInbound,
+                                                       max_size=MAX_MESSAGE_CHARS)
 
 
 def _length_prefixed(*parts: bytes) -> bytes:
@@ -84,17 +122,13 @@ def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def parse_json(text: Any, registry: SchemaRegistry, max_chars: int) -> dict:
-    """Parse and validate one untrusted JSON text frame."""
+def parse_json(text: Any, messages: MessageSet[Any], max_chars: int) -> Any:
+    """Decode and validate one untrusted JSON text frame into its struct."""
     if not isinstance(text, str):
         raise ProtocolViolation("expected a JSON text frame")
     if len(text) > max_chars:
         raise ProtocolViolation(f"message of {len(text)} characters exceeds {max_chars}")
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolViolation(f"not valid JSON ({type(exc).__name__})") from exc
-    return registry.validate(value)
+    return messages.decode_json(text)
 
 
 @dataclass(frozen=True)
@@ -125,16 +159,15 @@ class SignedSignal:
     sdp: str
 
 
-def verify_delivered(message: dict, own_peer_id: str) -> SignedSignal:
-    """Check a relayed signal (already schema-valid): key matches sender id, addressed
+def verify_delivered(message: DeliveredSignal, own_peer_id: str) -> SignedSignal:
+    """Check a relayed signal (already decoded): key matches sender id, addressed
     to us, signature covers (kind, sender, recipient, session, sdp)."""
-    key = b64decode_exact(message["from_key"], PUBLIC_KEY_BYTES, "from_key")
-    signature = b64decode_exact(message["signature"], SIGNATURE_BYTES, "signature")
-    sender = message["from"]
+    key = b64decode_exact(message.from_key, PUBLIC_KEY_BYTES, "from_key")
+    signature = b64decode_exact(message.signature, SIGNATURE_BYTES, "signature")
+    sender = message.sender
     if peer_id_for(key) != sender:
         raise AuthenticationError(f"the key relayed for {sender} does not hash to that peer id")
-    if message["to"] != own_peer_id:
-        raise AuthenticationError(f"a signal for {message['to']} was delivered to {own_peer_id}")
-    verify_signature(key, signal_bytes(message["kind"], sender, message["to"], message["session"],
-                                       message["sdp"]), signature)
-    return SignedSignal(message["kind"], sender, key, message["to"], message["session"], message["sdp"])
+    if message.to != own_peer_id:
+        raise AuthenticationError(f"a signal for {message.to} was delivered to {own_peer_id}")
+    verify_signature(key, signal_bytes(message.kind, sender, message.to, message.session, message.sdp), signature)
+    return SignedSignal(message.kind, sender, key, message.to, message.session, message.sdp)

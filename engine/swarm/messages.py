@@ -1,14 +1,22 @@
-"""Every message of the swarm, as schemas: coordinator <-> node and node <-> node.
+"""Every message of the swarm, as typed structs: coordinator <-> node and node <-> node.
 
-Two channels, one rule: nothing is used before it validates here.
+Two channels, one rule: nothing is used before it decodes here (typed, bounded,
+unknown keys refused, NaN/inf refused; see :mod:`engine.net.wire`).
 
-* **Coordinator <-> node**: JSON objects over the node's websocket (``/node``),
-  validated with :data:`COORDINATOR_TO_NODE` / :data:`NODE_TO_COORDINATOR`.
-  The coordinator sends jobs (token ids, advantages); nodes send back sampled
-  tokens, losses and counters. Activations and weights never go this way.
-* **Node <-> node**: msgpack headers (+ a binary payload) over WebRTC data
-  channels (``engine.net.peer_link``), validated with :data:`PEER_MESSAGES`.
-  Tensors inside payloads are decoded by ``engine.net.tensor_codec`` with caps.
+* **Coordinator <-> node**: JSON objects over the node's websocket (``/node``):
+  :func:`decode_from_coordinator` (-> :data:`CoordinatorToNode`) and
+  :func:`decode_from_node` (-> :data:`NodeToCoordinator`). The coordinator sends
+  jobs (token ids, advantages); nodes send back sampled tokens, losses and counters.
+  Activations and weights never go this way.
+* **Node <-> node**: msgpack headers (+ a binary payload) over WebRTC data channels
+  (``engine.net.peer_link``): :func:`decode_peer_header` (-> :data:`PeerMessage`).
+  Tensors inside payloads are decoded by ``engine.net.tensor_codec`` with caps; the
+  ``tensor`` fields here are that codec's header, checked there.
+
+Senders build the structs and write them with :func:`encode` (JSON text for the
+websocket) or :func:`encode_peer_header` (msgpack bytes, which ``engine.net.framing``
+accepts as an already-packed header). The bytes keep the shape of the old dicts:
+same keys, same ``"type"`` strings, optional keys left out when at their default.
 
 Message flow of one generation job (S stages, route = one peer per stage)::
 
@@ -28,126 +36,377 @@ and of the weight stream to inference replicas (``engine.swarm.inference_replica
     inference replica --served--> coordinator (the version it now generates with)
     leader without a stream to a replica --wlead--> it; it answers --weights_req(stream)--> leader
 
+``COORDINATOR_TO_NODE.validate(dict) -> dict`` (and the same for the other two sets)
+is a temporary compatibility layer for handlers that still take dicts.
+
 It knows the shapes of messages, not what nodes or the coordinator do with them.
 """
 
 from __future__ import annotations
 
-from engine.net.schema import Any_, Bool, Float, Int, List, Map, Schema, SchemaRegistry, Str
+from typing import Annotated, Any, Literal, Union
+
+from msgspec import Meta
+
+from engine.net.wire import MessageSet, WireMessage, WireRecord, encode_json, encode_msgpack
 
 #: longest websocket text message either side accepts (characters)
 MAX_WS_MESSAGE_CHARS = 8 * 1024 * 1024
+#: longest msgpack peer header (bytes; engine.net.framing caps headers at 64 KiB first)
+MAX_PEER_HEADER_BYTES = 64 * 1024
 MAX_ROWS = 4096
 MAX_TOKENS = 4096
 MAX_STAGES = 256
 MAX_PEERS = 4096
-
-_PEER_ID = Str(4, 64)
-_JOB = Str(1, 64)
-_TOKEN = Int(0, 1 << 24)
-_VERSION = Int(0, 1 << 40)
-_STEP = Int(0, 1 << 40)
-_ROUTE = List(_PEER_ID, min_len=1, max_len=MAX_STAGES)
-_TOKEN_ROWS = List(List(_TOKEN, min_len=1, max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
-_FLOAT_ROWS = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
-_FLOAT_ROWS_OPT = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS, required=False)
-_BOOL_ROWS = List(List(Bool(), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
-_COUNT = Float(0, 1e18)
 #: what a node does: trains its stage (and generates), or only generates (inference replica)
 ROLES = ("trainer", "inference")
-_ROLE = Str(choices=set(ROLES), required=False)
-_PEER_LIST = List(_PEER_ID, max_len=MAX_PEERS, required=False)
-#: how the last stage samples a generation job (travels with every generation step)
-_GEN_PARAMS = Schema("gen_params", {"max_new_tokens": Int(1, MAX_TOKENS), "temperature": Float(0, 100),
-                                    "top_p": Float(1e-6, 1), "seed": Int(0, 2**63 - 1), "eos_id": _TOKEN})
+_STREAM_MAX = 2**31 - 1
+
+# ---------------------------------------------------------------- field types
+PeerId = Annotated[str, Meta(min_length=4, max_length=64)]
+JobId = Annotated[str, Meta(min_length=1, max_length=64)]
+TokenId = Annotated[int, Meta(ge=0, le=1 << 24)]
+Version = Annotated[int, Meta(ge=0, le=1 << 40)]
+Step = Annotated[int, Meta(ge=0, le=1 << 40)]
+MicroBatch = Annotated[int, Meta(ge=0, le=1 << 20)]
+StageIndex = Annotated[int, Meta(ge=0, le=MAX_STAGES - 1)]
+StageCount = Annotated[int, Meta(ge=1, le=MAX_STAGES)]
+LayerIndex = Annotated[int, Meta(ge=0, le=1 << 16)]
+ByteCount = Annotated[int, Meta(ge=0, le=1 << 40)]
+StreamId = Annotated[int, Meta(ge=0, le=_STREAM_MAX)]
+Reason = Annotated[str, Meta(max_length=500)]
+FilePath = Annotated[str, Meta(max_length=4096)]
+Route = Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_STAGES)]
+PeerList = Annotated[list[PeerId], Meta(max_length=MAX_PEERS)]
+Versions = Annotated[list[Version], Meta(min_length=1, max_length=MAX_STAGES)]
+TokenRows = Annotated[list[Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_TOKENS)]],
+                      Meta(min_length=1, max_length=MAX_ROWS)]
+#: a log-probability or an advantage
+Value = Annotated[float, Meta(ge=-1e4, le=1e4)]
+FloatRows = Annotated[list[Annotated[list[Value], Meta(max_length=MAX_TOKENS)]],
+                      Meta(min_length=1, max_length=MAX_ROWS)]
+BoolRows = Annotated[list[Annotated[list[bool], Meta(max_length=MAX_TOKENS)]],
+                     Meta(min_length=1, max_length=MAX_ROWS)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+Checksum = Annotated[float, Meta(ge=-1e30, le=1e30)]
+Count = Annotated[float, Meta(ge=0.0, le=1e18)]
+#: an engine.net.tensor_codec header (validated by decode_tensor, not here)
+TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
+#: a map validated by its own reader (run config, model config, weight-delta header)
+OpaqueMap = Annotated[dict[str, Any], Meta(max_length=256)]
+
+
+class GenParams(WireRecord):
+    """How the last stage samples a generation job (travels with every generation step)."""
+
+    max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)]  # completion budget incl. EOS
+    temperature: Annotated[float, Meta(ge=0.0, le=100.0)]  # softmax temperature (0 = greedy)
+    top_p: Annotated[float, Meta(ge=1e-6, le=1.0)]  # nucleus truncation (1 = off)
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)]  # sampler seed of this job
+    eos_id: TokenId  # the token that ends a completion
+
 
 # ---------------------------------------------------------------- coordinator -> node
-COORDINATOR_TO_NODE = SchemaRegistry([
-    Schema("challenge", {"nonce": Str(16, 128)}),
-    Schema("welcome", {
-        "stage": Int(0, MAX_STAGES - 1), "num_stages": Int(1, MAX_STAGES),
-        "layer_start": Int(0, 1 << 16), "layer_end": Int(1, 1 << 16), "num_layers": Int(1, 1 << 16),
-        "source": Str(choices={"keep", "checkpoint", "peer"}), "source_peer": Str(4, 64, nullable=True),
-        "stage_checkpoint": Str(0, 4096, nullable=True), "version": _VERSION, "run": Any_(),
-        "run_id": Str(1, 64), "signal_url": Str(1, 2048)}),
-    # inference: the members that are inference replicas (the rest train)
-    Schema("members", {"stages": List(List(_PEER_ID, max_len=MAX_PEERS), max_len=MAX_STAGES),
-                       "version": _VERSION, "inference": _PEER_LIST}),
-    Schema("gen", {"job": _JOB, "route": _ROUTE, "prompt_ids": _TOKEN_ROWS, "params": Map(_GEN_PARAMS)}),
-    # prox=True: forward only, to get the proximal log-probs of a batch before its first update
-    Schema("train_in", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "inputs": _TOKEN_ROWS,
-                        "prox": Bool(required=False)}),
-    Schema("train_out", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "targets": _TOKEN_ROWS,
-                         "mask": _BOOL_ROWS, "behaviour": _FLOAT_ROWS, "advantages": List(Float(-1e4, 1e4),
-                                                                                           max_len=MAX_ROWS),
-                         "normaliser": Float(1e-9, 1e12), "prox": Bool(required=False),
-                         "proximal": _FLOAT_ROWS_OPT}),
-    # replicas: the stage's trainers (sorted; the first is the stage leader);
-    # inference: the stage's inference replicas, which the leader streams weight deltas to
-    Schema("apply", {"step": _STEP, "version": _VERSION, "replicas": List(_PEER_ID, min_len=1, max_len=MAX_PEERS),
-                     "checkpoint": Bool(), "inference": _PEER_LIST}),
-    Schema("abort", {"step": _STEP}),
-    Schema("sync", {"source_peer": _PEER_ID}),
-    Schema("shutdown", {"reason": Str(0, 500)}),
-])
+class Challenge(WireMessage, tag="challenge"):
+    nonce: Annotated[str, Meta(min_length=16, max_length=128)]  # hex the node signs in its hello
+
+
+class Welcome(WireMessage, tag="welcome"):
+    stage: StageIndex  # the stage this node serves
+    num_stages: StageCount  # stages in the pipeline
+    layer_start: LayerIndex  # first layer of the stage (inclusive)
+    layer_end: Annotated[int, Meta(ge=1, le=1 << 16)]  # last layer of the stage (exclusive)
+    num_layers: Annotated[int, Meta(ge=1, le=1 << 16)]  # layers of the whole model
+    source: Literal["keep", "checkpoint", "peer"]  # where the stage's weights come from
+    source_peer: PeerId | None  # the peer to fetch weights from (source "peer")
+    stage_checkpoint: FilePath | None  # checkpoint to load (source "checkpoint")
+    version: Version  # policy version the weights must have
+    run: OpaqueMap  # RunConfig.to_dict(); rebuilt by engine.swarm.run_config
+    run_id: Annotated[str, Meta(min_length=1, max_length=64)]  # the run's id
+    signal_url: Annotated[str, Meta(min_length=1, max_length=2048)]  # signalling websocket URL
+
+
+class Members(WireMessage, tag="members"):
+    stages: Annotated[list[PeerList], Meta(max_length=MAX_STAGES)]  # peer ids per stage
+    version: Version  # current policy version
+    inference: PeerList = []  # the members that are inference replicas (the rest train)
+
+
+class Gen(WireMessage, tag="gen"):
+    job: JobId  # generation job id
+    route: Route  # one peer per stage
+    prompt_ids: TokenRows  # prompt token ids, one row per sequence
+    params: GenParams  # sampling settings
+
+
+class TrainIn(WireMessage, tag="train_in"):
+    step: Step  # optimiser step the micro-batch belongs to
+    mb: MicroBatch  # micro-batch index in the step
+    route: Route  # one peer per stage
+    inputs: TokenRows  # input token ids, one row per sequence
+    prox: bool = False  # forward only, for the proximal log-probs before the first update
+
+
+class TrainOut(WireMessage, tag="train_out"):
+    step: Step  # optimiser step the micro-batch belongs to
+    mb: MicroBatch  # micro-batch index in the step
+    route: Route  # one peer per stage
+    targets: TokenRows  # next-token targets per row
+    mask: BoolRows  # which targets count in the loss
+    behaviour: FloatRows  # log-probs of the targets under the sampling policy
+    advantages: Annotated[list[Value], Meta(max_length=MAX_ROWS)]  # one per row
+    normaliser: Annotated[float, Meta(ge=1e-9, le=1e12)]  # divides the summed loss (tokens of the batch)
+    prox: bool = False  # forward only: return the log-probs (prox_done), no loss
+    proximal: FloatRows | None = None  # proximal log-probs (decoupled PPO's anchor)
+
+
+class Apply(WireMessage, tag="apply"):
+    step: Step  # the step whose gradients are complete
+    version: Version  # the version the stage has after applying it
+    # the stage's trainers, sorted; the first one leads the stage
+    replicas: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_PEERS)]
+    checkpoint: bool  # write a stage checkpoint after this step
+    inference: PeerList = []  # the stage's inference replicas, which the leader streams deltas to
+
+
+class Abort(WireMessage, tag="abort"):
+    step: Step  # drop everything of this step
+
+
+class Sync(WireMessage, tag="sync"):
+    source_peer: PeerId  # fetch full weights from this peer
+
+
+class Shutdown(WireMessage, tag="shutdown"):
+    reason: Reason  # words for the user
+
+
+CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown]
+
 
 # ---------------------------------------------------------------- node -> coordinator
-NODE_TO_COORDINATOR = SchemaRegistry([
-    Schema("hello", {
-        "peer_id": _PEER_ID, "public_key": Str(1, 128), "signature": Str(1, 256),
-        "backend": Str(1, 32), "device": Str(0, 200), "max_layers": Int(0, 1 << 16, nullable=True),
-        "stage": Int(0, MAX_STAGES - 1, nullable=True), "num_stages": Int(1, MAX_STAGES, nullable=True),
-        "version": _VERSION, "run_id": Str(0, 64, nullable=True), "has_base": Bool(), "role": _ROLE}),
-    Schema("ready", {"stage": Int(0, MAX_STAGES - 1), "version": _VERSION}),
-    Schema("gen_done", {"job": _JOB, "tokens": _TOKEN_ROWS, "logprobs": _FLOAT_ROWS,
-                        "versions": List(_VERSION, min_len=1, max_len=MAX_STAGES)}),
-    Schema("job_failed", {"job": _JOB, "reason": Str(0, 500)}),
-    Schema("mb_loss", {"step": _STEP, "mb": Int(0, 1 << 20), "loss": Float(-1e6, 1e6), "tokens": Int(0, 1 << 30),
-                       "masked_fraction": Float(0, 1), "ess": Float(0, 1), "clipped_fraction": Float(0, 1)}),
-    Schema("mb_done", {"step": _STEP, "mb": Int(0, 1 << 20)}),
-    Schema("prox_done", {"step": _STEP, "mb": Int(0, 1 << 20), "logprobs": _FLOAT_ROWS}),
-    Schema("mb_failed", {"step": _STEP, "mb": Int(0, 1 << 20), "reason": Str(0, 500)}),
-    Schema("stepped", {"step": _STEP, "version": _VERSION, "grad_norm": Float(0, 1e12),
-                       "checksum": Float(-1e30, 1e30), "update_bytes": Int(0, 1 << 40),
-                       "dense_bytes": Int(0, 1 << 40), "checkpoint_path": Str(0, 4096, nullable=True)}),
-    # a stage leader sent weight deltas of ``version``: one entry per inference replica
-    # (checksum: of its shadow, i.e. of what that replica holds once it applies the delta)
-    Schema("streamed", {"version": _VERSION, "streams": List(Map(Schema("stream", {
-        "peer": _PEER_ID, "checksum": Float(-1e30, 1e30), "delta_bytes": Int(0, 1 << 40),
-        "dense_bytes": Int(0, 1 << 40), "residual_max_abs": Float(0, 1e30)})), min_len=1, max_len=MAX_PEERS)}),
-    # an inference replica now generates with these weights (after a delta or a full load)
-    Schema("served", {"version": _VERSION, "checksum": Float(-1e30, 1e30), "source": _PEER_ID,
-                      "full": Bool()}),
-    Schema("report", {"tokens_generated": _COUNT, "microbatches_trained": _COUNT, "bytes_sent": _COUNT,
-                      "bytes_received": _COUNT, "uptime_s": _COUNT}),
-])
+class Hello(WireMessage, tag="hello"):
+    peer_id: PeerId  # hash of public_key
+    public_key: Annotated[str, Meta(min_length=1, max_length=128)]  # base64 Ed25519 key
+    signature: Annotated[str, Meta(min_length=1, max_length=256)]  # base64, over the challenge
+    backend: Annotated[str, Meta(min_length=1, max_length=32)]  # compute backend name
+    device: Annotated[str, Meta(max_length=200)]  # device in words
+    max_layers: LayerIndex | None  # most layers this node can hold (None = no limit)
+    stage: StageIndex | None  # stage it served before (resume), if any
+    num_stages: StageCount | None  # pipeline depth it served before, if any
+    version: Version  # policy version of the weights it holds
+    run_id: Annotated[str, Meta(max_length=64)] | None  # run those weights belong to
+    has_base: bool  # it has the base checkpoint on disk
+    role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
+
+
+class Ready(WireMessage, tag="ready"):
+    stage: StageIndex  # the stage now loaded
+    version: Version  # its weights' version
+
+
+class GenDone(WireMessage, tag="gen_done"):
+    job: JobId  # the finished job
+    tokens: TokenRows  # sampled completion ids per row
+    logprobs: FloatRows  # their behaviour log-probs
+    versions: Versions  # policy version of each stage that generated
+
+
+class JobFailed(WireMessage, tag="job_failed"):
+    job: JobId  # the job given up
+    reason: Reason  # why, in words
+
+
+class MbLoss(WireMessage, tag="mb_loss"):
+    step: Step  # optimiser step
+    mb: MicroBatch  # micro-batch index
+    loss: Annotated[float, Meta(ge=-1e6, le=1e6)]  # summed, normalised loss of the micro-batch
+    tokens: Annotated[int, Meta(ge=0, le=1 << 30)]  # tokens that counted
+    masked_fraction: Fraction  # share of tokens masked by the importance band
+    ess: Fraction  # effective sample size / tokens
+    clipped_fraction: Fraction  # share of tokens where the PPO clip was active
+
+
+class MbDone(WireMessage, tag="mb_done"):
+    step: Step  # optimiser step
+    mb: MicroBatch  # micro-batch whose backward pass reached stage 0
+
+
+class ProxDone(WireMessage, tag="prox_done"):
+    step: Step  # optimiser step
+    mb: MicroBatch  # micro-batch index
+    logprobs: FloatRows  # proximal log-probs of its targets
+
+
+class MbFailed(WireMessage, tag="mb_failed"):
+    step: Step  # optimiser step
+    mb: MicroBatch  # micro-batch index
+    reason: Reason  # why, in words
+
+
+class Stepped(WireMessage, tag="stepped"):
+    step: Step  # the applied step
+    version: Version  # the stage's version after it
+    grad_norm: Annotated[float, Meta(ge=0.0, le=1e12)]  # stage gradient norm before clipping
+    checksum: Checksum  # of the stage's weights (replicas must agree)
+    update_bytes: ByteCount  # bytes sent for the replica gradient exchange
+    dense_bytes: ByteCount  # what fp32 would have taken
+    checkpoint_path: FilePath | None  # stage checkpoint written at this step, if any
+
+
+class StreamReport(WireRecord):
+    """One inference replica's weight delta sent by a stage leader."""
+
+    peer: PeerId  # the replica
+    checksum: Checksum  # of the leader's shadow of that replica (what it holds after applying)
+    delta_bytes: ByteCount  # bytes of the delta on the wire
+    dense_bytes: ByteCount  # what fp32 weights would have taken
+    residual_max_abs: Annotated[float, Meta(ge=0.0, le=1e30)]  # largest quantisation residual
+
+
+class Streamed(WireMessage, tag="streamed"):
+    version: Version  # the version streamed
+    streams: Annotated[list[StreamReport], Meta(min_length=1, max_length=MAX_PEERS)]  # one per replica
+
+
+class Served(WireMessage, tag="served"):
+    version: Version  # the version this inference replica now generates with
+    checksum: Checksum  # of its weights
+    source: PeerId  # the leader they came from
+    full: bool  # a full load (True) or a delta (False)
+
+
+class Report(WireMessage, tag="report"):
+    tokens_generated: Count  # cumulative this session
+    microbatches_trained: Count  # cumulative this session
+    bytes_sent: Count  # on peer links
+    bytes_received: Count  # on peer links
+    uptime_s: Count  # seconds since the node started
+
+
+NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, ProxDone, MbFailed, Stepped,
+                          Streamed, Served, Report]
+
 
 # ---------------------------------------------------------------- node <-> node (msgpack)
-_TENSOR_HEADER = Any_()  # validated by engine.net.tensor_codec.decode_tensor
-_STREAM_MAX = 2**31 - 1
-PEER_MESSAGES = SchemaRegistry([
-    # activations forward (generation step or training micro-batch)
-    Schema("act", {"kind": Str(choices={"gen", "train", "prox"}), "job": _JOB, "route": _ROUTE, "hop": Int(1, MAX_STAGES),
-                   "versions": List(_VERSION, min_len=1, max_len=MAX_STAGES), "tensor": _TENSOR_HEADER,
-                   "step": _STEP, "mb": Int(0, 1 << 20), "params": Map(_GEN_PARAMS, required=False)}),
-    # sampled tokens back to stage 0 (done: the job is finished, free the caches)
-    Schema("tok", {"job": _JOB, "tokens": List(_TOKEN, min_len=1, max_len=MAX_ROWS), "done": Bool()}),
-    Schema("drop", {"job": _JOB, "route": _ROUTE, "hop": Int(1, MAX_STAGES)}),
-    # gradient of a stage's input, backwards along a training route
-    Schema("grad", {"job": _JOB, "route": _ROUTE, "hop": Int(0, MAX_STAGES - 1), "tensor": _TENSOR_HEADER,
-                    "step": _STEP, "mb": Int(0, 1 << 20)}),
-    # compressed gradients between replicas of one stage
-    Schema("share", {"step": _STEP, "tensors": List(Map(Schema("entry", {
-        "name": Str(1, 200), "tensor": _TENSOR_HEADER, "nbytes": Int(0, 1 << 31)})), max_len=4096)}),
-    # full weights of a stage, for a replica that joins or resyncs
-    # stream=True (inference replicas): also start a weight-delta stream from exactly these weights
-    Schema("weights_req", {"stage": Int(0, MAX_STAGES - 1), "stream": Bool(required=False)}),
-    Schema("weights", {"stage": Int(0, MAX_STAGES - 1), "version": _VERSION, "config": Any_(), "tensors": List(Map(Schema("entry", {
-        "name": Str(1, 200), "tensor": _TENSOR_HEADER, "nbytes": Int(0, 1 << 31)})), max_len=4096),
-        "stream": Int(0, _STREAM_MAX, required=False)}),
-    # a quantised weight delta of stream ``stream`` (engine.net.shadow_delta wire form in ``delta``)
-    Schema("wdelta", {"stage": Int(0, MAX_STAGES - 1), "version": _VERSION, "stream": Int(0, _STREAM_MAX),
-                      "delta": Any_()}),
-    # "I lead your stage now and hold no stream for you: fetch full weights from me"
-    Schema("wlead", {"stage": Int(0, MAX_STAGES - 1), "version": _VERSION}),
-])
+class TensorEntry(WireRecord):
+    """One named tensor of a bundle; its bytes follow the previous entry's in the payload."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=200)]  # parameter name
+    tensor: TensorHeader  # its tensor_codec header
+    nbytes: Annotated[int, Meta(ge=0, le=1 << 31)]  # its payload bytes
+
+
+class Act(WireMessage, tag="act"):
+    """Activations forward (a generation step or a training micro-batch)."""
+
+    kind: Literal["gen", "train", "prox"]  # what the activations are for
+    job: JobId  # generation job or training micro-batch key
+    route: Route  # one peer per stage
+    hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
+    versions: Versions  # version of each stage passed so far
+    tensor: TensorHeader  # the activations' tensor_codec header
+    step: Step  # optimiser step (0 for generation)
+    mb: MicroBatch  # micro-batch index (0 for generation)
+    params: GenParams | None = None  # sampling settings (generation)
+
+
+class Tok(WireMessage, tag="tok"):
+    """Sampled tokens back to stage 0."""
+
+    job: JobId  # generation job
+    tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row
+    done: bool  # the job is finished: free the caches
+
+
+class Drop(WireMessage, tag="drop"):
+    job: JobId  # the job whose caches to free
+    route: Route  # one peer per stage
+    hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
+
+
+class Grad(WireMessage, tag="grad"):
+    """Gradient of a stage's input, backwards along a training route."""
+
+    job: JobId  # micro-batch key
+    route: Route  # one peer per stage
+    hop: Annotated[int, Meta(ge=0, le=MAX_STAGES - 1)]  # index in route of the receiver
+    tensor: TensorHeader  # the gradient's tensor_codec header
+    step: Step  # optimiser step
+    mb: MicroBatch  # micro-batch index
+
+
+class Share(WireMessage, tag="share"):
+    """Compressed gradients between replicas of one stage."""
+
+    step: Step  # optimiser step
+    tensors: Annotated[list[TensorEntry], Meta(max_length=4096)]  # one per parameter
+
+
+class WeightsReq(WireMessage, tag="weights_req"):
+    """Ask for full weights of a stage (a replica that joins or resyncs)."""
+
+    stage: StageIndex  # the stage wanted
+    stream: bool = False  # inference replicas: also start a weight-delta stream from these weights
+
+
+class Weights(WireMessage, tag="weights"):
+    stage: StageIndex  # the stage sent
+    version: Version  # its version
+    config: OpaqueMap  # model config (HF dict), checked by the model loader
+    tensors: Annotated[list[TensorEntry], Meta(max_length=4096)]  # one per parameter
+    stream: StreamId | None = None  # the weight-delta stream that starts from exactly these weights
+
+
+class WDelta(WireMessage, tag="wdelta"):
+    """A quantised weight delta of stream ``stream``."""
+
+    stage: StageIndex  # the stage
+    version: Version  # the version after applying it
+    stream: StreamId  # the stream it belongs to
+    delta: OpaqueMap  # engine.net.shadow_delta wire header, checked there
+
+
+class WLead(WireMessage, tag="wlead"):
+    """I lead your stage now and hold no stream for you: fetch full weights from me."""
+
+    stage: StageIndex  # the stage
+    version: Version  # the leader's version
+
+
+PeerMessage = Union[Act, Tok, Drop, Grad, Share, WeightsReq, Weights, WDelta, WLead]
+
+
+# ---------------------------------------------------------------- decoders and encoders
+COORDINATOR_TO_NODE: MessageSet[CoordinatorToNode] = MessageSet(
+    "coordinator->node", CoordinatorToNode, max_size=MAX_WS_MESSAGE_CHARS)
+NODE_TO_COORDINATOR: MessageSet[NodeToCoordinator] = MessageSet(
+    "node->coordinator", NodeToCoordinator, max_size=MAX_WS_MESSAGE_CHARS)
+PEER_MESSAGES: MessageSet[PeerMessage] = MessageSet("peer", PeerMessage, max_size=MAX_PEER_HEADER_BYTES)
+
+
+def decode_from_coordinator(text: str | bytes) -> CoordinatorToNode:
+    """One untrusted websocket message from the coordinator (raises ProtocolViolation)."""
+    return COORDINATOR_TO_NODE.decode_json(text)
+
+
+def decode_from_node(text: str | bytes) -> NodeToCoordinator:
+    """One untrusted websocket message from a node (raises ProtocolViolation)."""
+    return NODE_TO_COORDINATOR.decode_json(text)
+
+
+def decode_peer_header(header: dict | bytes) -> PeerMessage:
+    """One untrusted peer header: a map from engine.net.framing, or raw msgpack bytes."""
+    if isinstance(header, (bytes, bytearray, memoryview)):
+        return PEER_MESSAGES.decode_msgpack(header)
+    return PEER_MESSAGES.convert(header)
+
+
+def encode(message: CoordinatorToNode | NodeToCoordinator) -> str:
+    """A coordinator <-> node message as websocket text (``ws.send_str(encode(msg))``)."""
+    return encode_json(message)
+
+
+def encode_peer_header(message: PeerMessage) -> bytes:
+    """A peer header as packed msgpack (pass it to the link instead of a dict)."""
+    return encode_msgpack(message)

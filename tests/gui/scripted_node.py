@@ -100,8 +100,7 @@ def main() -> int:
 
     def status() -> None:
         _emit("status", state=state, coordinator="http://127.0.0.1:8700", stage=1, num_stages=4,
-              layers="layers 3–4 of 8", role="trainer", peers=5, policy_version=version, limits=limits,
-              swarm_mode=swarm)
+              layers="layers 3–4 of 8", role="trainer", peers=5, policy_version=version, limits=limits)
 
     while True:
         deadline = time.monotonic() + args.tick_s

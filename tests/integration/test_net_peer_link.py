@@ -5,14 +5,16 @@ import os
 import random
 import socket
 import sys
+from typing import Annotated
 
+import msgspec
 import pytest
 
 from engine.net.errors import LinkClosed
-from engine.net.frame_fuzz import hostile_frame
 from engine.net.measure import link_pair
 from engine.net.peer_link import LinkConfig, enlarge_socket_buffers, remote_max_message_bytes
-from engine.net.schema import Int, Schema, SchemaRegistry
+from engine.net.wire import MessageSet, WireMessage
+from tests.support.frame_fuzz import hostile_frame
 
 pytestmark = pytest.mark.network
 
@@ -103,18 +105,22 @@ def test_hostile_frames_earn_strikes_and_a_peer_over_the_limit_is_disconnected()
     run(body())
 
 
-def test_a_header_validator_turns_unknown_messages_into_strikes():
-    registry = SchemaRegistry([Schema("ping", {"id": Int(0, 10)})])
+class _Ping(WireMessage, tag="ping"):
+    id: Annotated[int, msgspec.Meta(ge=0, le=10)]
+
+
+def test_a_header_decoder_turns_unknown_messages_into_strikes_and_yields_typed_headers():
+    pings = MessageSet("test", _Ping, max_size=1024)
 
     async def body():
         a, b = await link_pair(LinkConfig(max_strikes=10))
-        b._validator = registry.validate
+        b._validator = pings.convert
         try:
             await a.send({"type": "ping", "id": 11})
             await a.send({"type": "surprise"})
-            await a.send({"type": "ping", "id": 3})
+            await a.send(_Ping(id=3))
             header, _ = await asyncio.wait_for(b.recv(), 10)
-            assert header == {"type": "ping", "id": 3}
+            assert header == _Ping(id=3)
             assert b.stats.strikes == 2 and "surprise" in b.stats.last_violation
         finally:
             await _closing(a, b)

@@ -1,4 +1,4 @@
-"""Peers in separate processes (engine.net.loopback_peer) over real aiortc on 127.0.0.1,
+"""Peers in separate processes (tests.support.loopback_peer) over real aiortc on 127.0.0.1,
 with the signalling server in the test process."""
 
 import asyncio
@@ -10,7 +10,7 @@ import pytest
 
 from engine.net.errors import LinkClosed
 from engine.net.identity import Identity
-from engine.net.loopback_peer import PeerProcess, make_tensor
+from tests.support.loopback_peer import PeerProcess, make_tensor
 from engine.net.peer_manager import PeerManager
 from engine.net.signalling import SignallingClient, SignallingServer, start_signalling_server
 

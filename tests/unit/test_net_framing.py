@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.net.errors import ProtocolViolation
-from engine.net.frame_fuzz import BAD_HEADERS, HOSTILE_KINDS, hostile_frame, mutate, valid_frames
+from tests.support.frame_fuzz import BAD_HEADERS, HOSTILE_KINDS, hostile_frame, mutate, valid_frames
 from engine.net.framing import (FIRST, MAGIC, PREFIX, VERSION, FrameLimits, Reassembler, frame_count,
                                 iter_frames, pack_header, unpack_header)
 

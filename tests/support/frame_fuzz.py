@@ -1,4 +1,4 @@
-"""Malformed frames for robustness tests and benches (never used on a production path).
+"""Malformed frames for robustness tests (test support; never on a product path).
 
 :func:`hostile_frame` builds one frame that *every* :class:`~engine.net.framing.Reassembler`
 must reject, whatever it holds (it never reuses a message id below 2**31, which
