@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -30,6 +29,8 @@ from engine.swarm import messages
 from engine.swarm.node_context import TaskSpawner
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M")
 
 HELLO_DOMAIN = b"polis-node-hello\x00"
 #: longest wait for the coordinator's next handshake message (seconds)
@@ -51,9 +52,9 @@ class CoordinatorSession:
 
     def __init__(self, url: str, identity: Identity, tasks: TaskSpawner, *,
                  hello_fields: Callable[[], dict[str, Any]],
-                 on_welcome: Callable[[dict], Awaitable[None]],
-                 on_message: Callable[[dict], None],
-                 on_members: Callable[[dict], None],
+                 on_welcome: Callable[[messages.Welcome], Awaitable[None]],
+                 on_message: Callable[[messages.CoordinatorToNode], None],
+                 on_members: Callable[[messages.Members], None],
                  while_connected: Callable[[], Coroutine[Any, Any, None]],
                  emit: Callable[..., None], set_state: Callable[[str, str], None],
                  reconnect_max_s: float = 10.0) -> None:
@@ -71,12 +72,12 @@ class CoordinatorSession:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
 
     # ------------------------------------------------------------------ CoordinatorSender
-    async def send(self, message: dict) -> None:
+    async def send(self, message: messages.NodeToCoordinator) -> None:
         ws = self._ws
         if ws is None or ws.closed:
-            log.debug("coordinator away; dropped %s", message.get("type"))
+            log.debug("coordinator away; dropped %s", type(message).__name__)
             return
-        await asyncio.wait_for(ws.send_json(message), SEND_TIMEOUT_S)
+        await asyncio.wait_for(ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
 
     async def close(self) -> None:
         """Leave this coordinator now (``serve`` then reconnects unless stopped or paused)."""
@@ -119,9 +120,9 @@ class CoordinatorSession:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             async with http.ws_connect(url, max_msg_size=messages.MAX_WS_MESSAGE_CHARS,
                                        heartbeat=HEARTBEAT_S) as ws:
-                challenge = await self._recv(ws, "challenge")
-                await asyncio.wait_for(ws.send_json(self._hello(challenge["nonce"])), SEND_TIMEOUT_S)
-                welcome = await self._recv(ws, "welcome")
+                challenge = await self._recv(ws, messages.Challenge)
+                await asyncio.wait_for(ws.send_str(messages.encode(self._hello(challenge.nonce))), SEND_TIMEOUT_S)
+                welcome = await self._recv(ws, messages.Welcome)
                 self._ws = ws
                 side = [self.tasks.spawn(self.on_welcome(welcome), "polis-node-load"),
                         self.tasks.spawn(self.while_connected(), "polis-node-report"),
@@ -131,8 +132,8 @@ class CoordinatorSession:
                         if msg.type != aiohttp.WSMsgType.TEXT:
                             break
                         try:
-                            data = messages.COORDINATOR_TO_NODE.validate(json.loads(msg.data))
-                        except (ValueError, ProtocolViolation) as exc:
+                            data = messages.decode_from_coordinator(msg.data)
+                        except ProtocolViolation as exc:
                             log.warning("dropped an invalid coordinator message: %s", exc)
                             continue
                         self.on_message(data)
@@ -148,25 +149,26 @@ class CoordinatorSession:
             await asyncio.sleep(0.1)
         await ws.close()
 
-    async def _recv(self, ws, kind: str) -> dict:
-        """The next handshake message, which must be ``kind`` (member lists may come first)."""
+    async def _recv(self, ws, kind: type[M]) -> M:
+        """The next handshake message, which must be a ``kind`` (member lists may come first)."""
+        name = kind.__struct_config__.tag
         while True:
             msg = await asyncio.wait_for(ws.receive(), HANDSHAKE_TIMEOUT_S)
             if msg.type != aiohttp.WSMsgType.TEXT:
-                raise ConnectionError(f"coordinator closed the connection while we waited for '{kind}'")
-            data = messages.COORDINATOR_TO_NODE.validate(json.loads(msg.data))
-            if data["type"] == "shutdown":
-                raise ConnectionError(f"coordinator refused us: {data['reason']}")
-            if data["type"] == "members":
+                raise ConnectionError(f"coordinator closed the connection while we waited for '{name}'")
+            data = messages.decode_from_coordinator(msg.data)
+            if isinstance(data, messages.Shutdown):
+                raise ConnectionError(f"coordinator refused us: {data.reason}")
+            if isinstance(data, messages.Members):
                 self.on_members(data)
                 continue
-            if data["type"] != kind:
-                raise ProtocolViolation(f"expected '{kind}', got '{data['type']}'")
+            if not isinstance(data, kind):
+                raise ProtocolViolation(f"expected '{name}', got '{data.__struct_config__.tag}'")
             return data
 
-    def _hello(self, nonce: str) -> dict:
+    def _hello(self, nonce: str) -> messages.Hello:
         identity = self.identity
-        return {"type": "hello", "peer_id": identity.peer_id,
-                "public_key": base64.b64encode(identity.public_key).decode(),
-                "signature": base64.b64encode(identity.sign(hello_bytes(nonce, identity.public_key))).decode(),
-                **self.hello_fields()}
+        return messages.Hello(
+            peer_id=identity.peer_id, public_key=base64.b64encode(identity.public_key).decode(),
+            signature=base64.b64encode(identity.sign(hello_bytes(nonce, identity.public_key))).decode(),
+            **self.hello_fields())

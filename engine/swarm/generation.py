@@ -20,11 +20,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from msgspec.structs import replace
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
+from engine.swarm import messages
+from engine.swarm.messages import Act, Drop, Gen, GenParams, Tok
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import forward_encoded, rect
 
@@ -34,6 +37,16 @@ log = logging.getLogger(__name__)
 MAX_JOBS = 1024
 #: what a failing job reports instead of killing the node
 JOB_ERRORS = (ProtocolViolation, NetError, LinkClosed, ValueError, RuntimeError, asyncio.TimeoutError)
+
+
+@dataclass
+class _FirstStageJob:
+    """What stage 0 keeps while a generation job decodes."""
+
+    route: list[str]
+    params: GenParams
+    rows: int
+    touched: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -53,29 +66,29 @@ class Generation:
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
-        self._first: dict[str, dict] = {}  # stage 0: route, params, rows, last touched
+        self._first: dict[str, _FirstStageJob] = {}
         self._last: dict[str, _LastStageJob] = {}
         self._mid_touch: dict[str, float] = {}
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_gen(self, msg: dict) -> None:
-        self._spawn(self._start(msg), msg["job"])
+    def on_gen(self, msg: Gen) -> None:
+        self._spawn(self._start(msg), msg.job)
 
-    def on_act(self, sender: str, header: dict, x: np.ndarray) -> None:
-        self._spawn(self._hop(header, x), header["job"])
+    def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
+        self._spawn(self._hop(header, x), header.job)
 
-    def on_tok(self, sender: str, header: dict, payload: bytes) -> None:
-        state = self._first.get(header["job"])
+    def on_tok(self, sender: str, header: Tok, payload: bytes) -> None:
+        state = self._first.get(header.job)
         if state is None:
             return  # an abandoned job
-        if sender != state["route"][-1]:
-            raise ProtocolViolation(f"tokens for {header['job']} from {sender}, not the route's last stage")
-        if len(header["tokens"]) != state["rows"]:
-            raise ProtocolViolation(f"{len(header['tokens'])} tokens for a job of {state['rows']} rows")
-        self._spawn(self._tokens(header), header["job"], prefix="polis-tok")
+        if sender != state.route[-1]:
+            raise ProtocolViolation(f"tokens for {header.job} from {sender}, not the route's last stage")
+        if len(header.tokens) != state.rows:
+            raise ProtocolViolation(f"{len(header.tokens)} tokens for a job of {state.rows} rows")
+        self._spawn(self._tokens(header), header.job, prefix="polis-tok")
 
-    def on_drop(self, sender: str, header: dict, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(header["job"], header["route"], header["hop"]), f"polis-drop-{header['job']}")
+    def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop), f"polis-drop-{header.job}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
         self.ctx.tasks.spawn(self._guard(coro, job), f"{prefix}-{job}")
@@ -87,59 +100,57 @@ class Generation:
             raise
         except JOB_ERRORS as exc:
             log.warning("job %s failed: %s", job, exc)
-            await self.ctx.coordinator.send({"type": "job_failed", "job": job, "reason": str(exc)[:500]})
+            await self.ctx.coordinator.send(messages.JobFailed(job=job, reason=str(exc)[:500]))
 
     # ------------------------------------------------------------------ steps
-    async def _start(self, msg: dict) -> None:
+    async def _start(self, msg: Gen) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
-        route = msg["route"]
+        route = msg.route
         if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
             raise ProtocolViolation("generation job sent to a node that is not its first stage")
-        ids = rect(msg["prompt_ids"], np.int64, "prompt_ids")
+        ids = rect(msg.prompt_ids, np.int64, "prompt_ids")
         if ids.max() >= rt.vocab_size:
             raise ProtocolViolation("prompt token id outside the vocabulary")
-        if len(self._first) >= MAX_JOBS and msg["job"] not in self._first:
+        if len(self._first) >= MAX_JOBS and msg.job not in self._first:
             raise ProtocolViolation("too many generation jobs in flight")
-        self._first[msg["job"]] = {"route": route, "params": msg["params"], "rows": ids.shape[0],
-                                 "touched": time.monotonic()}
-        await self._advance(msg["job"], ids)
+        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0])
+        await self._advance(msg.job, ids)
 
     async def _advance(self, job: str, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state = self._first[job]
-        state["touched"] = time.monotonic()
-        ctx.counters["tokens_generated"] += state["rows"]
+        state.touched = time.monotonic()
+        ctx.counters["tokens_generated"] += state.rows
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
-            header = {"job": job, "route": state["route"], "params": state["params"], "versions": []}
-            await self._sample(header, x)
+            await self._sample(job, state.route, state.params, [], x)
             return
         tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, job, x,
                                                 ctx.stage.run_cfg.activation_encoding)
-        await ctx.peers.send(state["route"][1], {"type": "act", "kind": "gen", "job": job, "route": state["route"],
-                                                 "hop": 1, "versions": [rt.version], "tensor": tensor, "step": 0,
-                                                 "mb": 0, "params": state["params"]}, payload)
+        await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
+                                                 versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
+                                                 params=state.params), payload)
 
-    async def _hop(self, header: dict, x: np.ndarray) -> None:
+    async def _hop(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         ctx.counters["tokens_generated"] += x.shape[0]
         if ctx.stage.spec.is_last:
-            await self._sample(header, x)
+            await self._sample(header.job, header.route, header.params, header.versions, x)
             return
-        if len(self._mid_touch) >= MAX_JOBS and header["job"] not in self._mid_touch:
+        if len(self._mid_touch) >= MAX_JOBS and header.job not in self._mid_touch:
             raise ProtocolViolation("too many generation jobs in flight")
-        self._mid_touch[header["job"]] = time.monotonic()
-        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header["job"], x,
+        self._mid_touch[header.job] = time.monotonic()
+        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header.job, x,
                                                 ctx.stage.run_cfg.activation_encoding)
-        hop = header["hop"] + 1
-        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "versions": header["versions"] + [rt.version],
-                                               "tensor": tensor}, payload)
+        hop = header.hop + 1
+        await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
+                                                        tensor=tensor), payload)
 
-    async def _sample(self, header: dict, x: np.ndarray) -> None:
+    async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
+                      x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        job, params = header["job"], header.get("params")
         if params is None:
             raise ProtocolViolation("generation step without sampling parameters")
-        versions = header["versions"] + [rt.version]
+        versions = [*versions_so_far, int(rt.version)]
         state = self._last.get(job)
         if state is None:
             if len(self._last) > MAX_JOBS:
@@ -150,43 +161,40 @@ class Generation:
         if x.shape[0] != state.rows or len(versions) != len(state.versions):
             raise ProtocolViolation("generation step does not match its job")
         state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
-        tokens, logprobs = await ctx.compute.run(rt.gen_sample, job, x, temperature=params["temperature"],
-                                                 top_p=params["top_p"], seed=params["seed"], step=state.steps)
+        tokens, logprobs = await ctx.compute.run(rt.gen_sample, job, x, temperature=params.temperature,
+                                                 top_p=params.top_p, seed=params.seed, step=state.steps)
         for r in range(state.rows):
             if not state.finished[r]:
                 state.tokens[r].append(int(tokens[r]))
                 state.logprobs[r].append(float(logprobs[r]))
-                state.finished[r] = tokens[r] == params["eos_id"]
+                state.finished[r] = tokens[r] == params.eos_id
         state.steps += 1
-        done = bool(state.finished.all()) or state.steps >= params["max_new_tokens"]
-        route = header["route"]
+        done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
         if done:
             del self._last[job]
             await ctx.compute.run(rt.drop, job)
-            await ctx.coordinator.send({"type": "gen_done", "job": job,
-                                        "tokens": [t or [params["eos_id"]] for t in state.tokens],
-                                        "logprobs": [lp or [0.0] for lp in state.logprobs],
-                                        "versions": state.versions})
+            await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or [params.eos_id] for t in state.tokens],
+                                                        logprobs=[lp or [0.0] for lp in state.logprobs],
+                                                        versions=state.versions))
         if len(route) == 1:
             if not done:
                 await self._advance(job, tokens[:, None])
             else:
                 self._first.pop(job, None)
             return
-        await ctx.peers.send(route[0], {"type": "tok", "job": job, "tokens": [int(t) for t in tokens], "done": done})
+        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done))
 
-    async def _tokens(self, header: dict) -> None:
+    async def _tokens(self, header: Tok) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        job = header["job"]
+        job = header.job
         state = self._first[job]
-        if header["done"]:
+        if header.done:
             del self._first[job]
             await ctx.compute.run(rt.drop, job)
-            if len(state["route"]) > 2:
-                await ctx.peers.send(state["route"][1], {"type": "drop", "job": job, "route": state["route"],
-                                                         "hop": 1})
+            if len(state.route) > 2:
+                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1))
             return
-        tokens = np.asarray(header["tokens"], dtype=np.int64)
+        tokens = np.asarray(header.tokens, dtype=np.int64)
         if tokens.max() >= rt.vocab_size:
             raise ProtocolViolation("sampled token id outside the vocabulary")
         await self._advance(job, tokens[:, None])
@@ -195,7 +203,7 @@ class Generation:
         self._mid_touch.pop(job, None)
         await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
         if hop + 1 < len(route) - 1:
-            await self.ctx.peers.send(route[hop + 1], {"type": "drop", "job": job, "route": route, "hop": hop + 1})
+            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1))
 
     # ------------------------------------------------------------------ housekeeping
     def abandon(self) -> None:
@@ -209,7 +217,7 @@ class Generation:
 
     def expire(self, cutoff: float) -> None:
         """Free the caches of jobs untouched since ``cutoff`` (monotonic seconds)."""
-        stale = [j for j, s in self._first.items() if s["touched"] < cutoff]
+        stale = [j for j, s in self._first.items() if s.touched < cutoff]
         stale += [j for j, t in self._mid_touch.items() if t < cutoff]
         for job in stale:
             self._first.pop(job, None)

@@ -27,7 +27,8 @@ from typing import Any
 
 from engine.net.errors import NetError, ProtocolViolation
 from engine.net.shadow_delta import OutOfSequence
-from engine.swarm import tensor_bundle
+from engine.swarm import messages, tensor_bundle
+from engine.swarm.messages import Abort, Apply, Sync, TrainIn, TrainOut, WDelta, Weights, WeightsReq, WLead
 from engine.swarm.node_context import NodeContext
 from engine.swarm.weight_stream import StreamFollower, WeightStreamConfig
 
@@ -38,7 +39,12 @@ MAX_PENDING = 4
 #: how long an inference replica waits for full weights from its leader
 FETCH_TIMEOUT_S = 60.0
 #: coordinator messages an inference replica never acts on (it does no training work)
-TRAINING_MESSAGES = frozenset({"train_in", "train_out", "apply", "abort", "sync"})
+TRAINING_MESSAGES = (TrainIn, TrainOut, Apply, Abort, Sync)
+
+
+def _kind(header: WDelta | WLead) -> str:
+    """The wire name of a stream message (``"wdelta"`` / ``"wlead"``)."""
+    return "wdelta" if isinstance(header, WDelta) else "wlead"
 
 
 class InferenceReplica:
@@ -47,7 +53,7 @@ class InferenceReplica:
     def __init__(self, ctx: NodeContext, config: WeightStreamConfig | None = None) -> None:
         self.ctx = ctx
         self.follower = StreamFollower(config)
-        self._inbox: deque[tuple[str, dict, bytes]] = deque()
+        self._inbox: deque[tuple[str, WDelta | WLead, bytes]] = deque()
         self._wakeup = asyncio.Event()
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -70,22 +76,22 @@ class InferenceReplica:
     def after_load(self) -> None:
         self._loaded.set()
 
-    async def joined(self, source: str, header: dict, weights: dict) -> None:
+    async def joined(self, source: str, header: Weights, weights: dict) -> None:
         """Full weights from ``source`` were just loaded: follow its stream if it started one."""
         ctx = self.ctx
-        if ctx.role != "inference" or header.get("stream") is None:
+        if ctx.role != "inference" or header.stream is None:
             return
-        await ctx.compute.run(self.follower.reset, source, header["stream"], weights, header["version"])
+        await ctx.compute.run(self.follower.reset, source, header.stream, weights, header.version)
         self.stats["full_loads"] += 1
         checksum = await ctx.compute.run(ctx.stage.rt.checksum)
-        await ctx.coordinator.send({"type": "served", "version": header["version"], "checksum": checksum,
-                                    "source": source, "full": True})
+        await ctx.coordinator.send(messages.Served(version=header.version, checksum=float(checksum), source=source,
+                                                   full=True))
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_stream_message(self, sender: str, header: dict, payload: bytes) -> None:
+    def on_stream_message(self, sender: str, header: WDelta | WLead, payload: bytes) -> None:
         """A ``wdelta``/``wlead`` arrived (even while loading): queue it for the follower task."""
         if self.ctx.role != "inference":
-            raise ProtocolViolation(f"'{header['type']}' sent to a trainer")
+            raise ProtocolViolation(f"'{_kind(header)}' sent to a trainer")
         if len(self._inbox) >= MAX_PENDING:
             self._inbox.popleft()  # the sequence check will ask for full weights
             self.stats["dropped"] += 1
@@ -118,16 +124,16 @@ class InferenceReplica:
         log.warning("weight stream from %s refused: %s", peer, reason)
         self.ctx.peers.strike(peer, reason)
 
-    async def _handle(self, sender: str, header: dict, payload: bytes) -> None:
+    async def _handle(self, sender: str, header: WDelta | WLead, payload: bytes) -> None:
         ctx = self.ctx
         if not ctx.stage.loaded():
             return
         stage = ctx.stage.spec.stage_index
-        if header["stage"] != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
-            self._strike(sender, f"'{header['type']}' for stage {header['stage']} from a peer that does not train "
+        if header.stage != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
+            self._strike(sender, f"'{_kind(header)}' for stage {header.stage} from a peer that does not train "
                                  f"stage {stage}")
             return
-        action = self.follower.decide(sender, header["type"], header["version"], header.get("stream"))
+        action = self.follower.decide(sender, _kind(header), header.version, getattr(header, "stream", None))
         if action == StreamFollower.IGNORE:
             return
         if action == StreamFollower.APPLY:
@@ -139,18 +145,18 @@ class InferenceReplica:
                 self._strike(sender, f"bad weight delta: {exc}")
             else:
                 self.stats["deltas_applied"] += 1
-                await ctx.coordinator.send({"type": "served", "version": version, "checksum": checksum,
-                                            "source": sender, "full": False})
+                await ctx.coordinator.send(messages.Served(version=int(version), checksum=float(checksum),
+                                                           source=sender, full=False))
                 ctx.on_status()
                 return
         await self._fetch(sender)
 
-    def _apply_delta(self, header: dict, payload: bytes) -> tuple[int, float]:
+    def _apply_delta(self, header: WDelta, payload: bytes) -> tuple[int, float]:
         """Compute thread: the delta to the shadow, the new values into the backend, the new version."""
         rt = self.ctx.stage.rt
-        updated = self.follower.apply(header["delta"], payload, header["version"])
+        updated = self.follower.apply(header.delta, payload, header.version)
         try:
-            rt.set_weights(updated, header["version"])
+            rt.set_weights(updated, header.version)
         except Exception:
             self.follower.forget()  # backend and shadow may now disagree: full weights next
             raise
@@ -164,8 +170,7 @@ class InferenceReplica:
         self.stats["resyncs"] += 1
         waiter = ctx.weights.expect(source)
         try:
-            await ctx.peers.send(source, {"type": "weights_req", "stage": ctx.stage.spec.stage_index,
-                                          "stream": True})
+            await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index, stream=True))
             # asyncio.wait, not wait_for: on 3.10/3.11 wait_for can swallow a cancellation that
             # races with the answer, and this task must stop when the node stops
             await asyncio.wait({waiter}, timeout=FETCH_TIMEOUT_S)
@@ -175,21 +180,21 @@ class InferenceReplica:
         if waiter.cancelled():
             raise asyncio.TimeoutError(f"no weights from {source} in {FETCH_TIMEOUT_S:.0f} s")
         header, payload = waiter.result()
-        if header.get("stream") is None or header["stage"] != ctx.stage.spec.stage_index:
+        if header.stream is None or header.stage != ctx.stage.spec.stage_index:
             self._strike(source, "weights without a stream, or of another stage")
             return
         version, checksum = await ctx.compute.run(self._reset_from, source, header, payload)
         self.stats["full_loads"] += 1
         log.info("inference replica: full weights of stage %d (version %d) from %s, stream %d",
-                 ctx.stage.spec.stage_index, version, source, header["stream"])
-        await ctx.coordinator.send({"type": "served", "version": version, "checksum": checksum,
-                                    "source": source, "full": True})
+                 ctx.stage.spec.stage_index, version, source, header.stream)
+        await ctx.coordinator.send(messages.Served(version=int(version), checksum=float(checksum), source=source,
+                                                   full=True))
         ctx.on_status()
 
-    def _reset_from(self, source: str, header: dict, payload: Any) -> tuple[int, float]:
+    def _reset_from(self, source: str, header: Weights, payload: Any) -> tuple[int, float]:
         """Compute thread: install full weights and follow ``source``'s stream from exactly them."""
         rt = self.ctx.stage.rt
-        weights = tensor_bundle.unpack(header["tensors"], payload, rt.shapes(), require_all=True)
-        rt.set_weights(weights, header["version"])
-        self.follower.reset(source, header["stream"], weights, header["version"])
+        weights = tensor_bundle.unpack(header.tensors, payload, rt.shapes(), require_all=True)
+        rt.set_weights(weights, header.version)
+        self.follower.reset(source, header.stream, weights, header.version)
         return rt.version, rt.checksum()

@@ -42,6 +42,7 @@ from typing import Any
 from backends.base import OptimizerConfig, StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.net.identity import Identity
+from engine.swarm import messages
 from engine.swarm.compute_thread import ComputeThread
 from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
 from engine.swarm.generation import Generation
@@ -139,27 +140,27 @@ class Node:
             self.session = ctx.coordinator = CoordinatorSession(
                 config.coordinator_url, identity, ctx.tasks, hello_fields=self._hello_fields,
                 on_welcome=self._welcomed, on_message=self.on_coordinator,
-                on_members=lambda msg: ctx.membership.update(msg["stages"], msg.get("inference")),
+                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference),
                 while_connected=self.status.report_loop, emit=self.emit, set_state=self.status.set_state,
                 reconnect_max_s=config.reconnect_max_s)
-        self._coordinator_handlers: dict[str, Callable[[dict], None]] = {
-            "gen": self.generation.on_gen,
-            "train_in": self.training.on_train_in,
-            "train_out": self.training.on_train_out,
-            "apply": self.replicas.on_apply,
-            "abort": self._on_abort,
-            "members": self._on_members,
-            "sync": self.replicas.on_sync,
-            "welcome": self._on_reassign,
-            "shutdown": self._on_shutdown,
+        self._coordinator_handlers: dict[type, Callable[[Any], None]] = {
+            messages.Gen: self.generation.on_gen,
+            messages.TrainIn: self.training.on_train_in,
+            messages.TrainOut: self.training.on_train_out,
+            messages.Apply: self.replicas.on_apply,
+            messages.Abort: self._on_abort,
+            messages.Members: self._on_members,
+            messages.Sync: self.replicas.on_sync,
+            messages.Welcome: self._on_reassign,
+            messages.Shutdown: self._on_shutdown,
         }
-        self._peer_handlers: dict[str, Callable[[str, dict, bytes], None]] = {
-            "act": self._on_act,
-            "grad": self._on_grad,
-            "tok": self.generation.on_tok,
-            "drop": self.generation.on_drop,
-            "share": self.replicas.on_share,
-            "weights_req": self._on_weights_req,
+        self._peer_handlers: dict[type, Callable[[str, Any, bytes], None]] = {
+            messages.Act: self._on_act,
+            messages.Grad: self._on_grad,
+            messages.Tok: self.generation.on_tok,
+            messages.Drop: self.generation.on_drop,
+            messages.Share: self.replicas.on_share,
+            messages.WeightsReq: self._on_weights_req,
         }
 
     # ------------------------------------------------------------------ views
@@ -242,7 +243,7 @@ class Node:
                 "version": rt.version, "run_id": stage.run_id,
                 "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role}
 
-    async def _welcomed(self, welcome: dict) -> None:
+    async def _welcomed(self, welcome: messages.Welcome) -> None:
         """Load what the welcome assigns, then tell the coordinator we are ready."""
         try:
             await self._apply_welcome(welcome)
@@ -257,34 +258,33 @@ class Node:
 
     async def _ready(self) -> None:
         stage = self.ctx.stage
-        await self.ctx.coordinator.send({"type": "ready", "stage": stage.spec.stage_index,
-                                         "version": stage.rt.version})
+        await self.ctx.coordinator.send(messages.Ready(stage=stage.spec.stage_index, version=int(stage.rt.version)))
         self.status.set_state("contributing", f"serving {stage.spec.describe(stage.num_layers)}")
         self.status.emit_status()
 
-    async def _apply_welcome(self, welcome: dict) -> None:
+    async def _apply_welcome(self, welcome: messages.Welcome) -> None:
         ctx, stage = self.ctx, self.ctx.stage
-        stage.run_cfg = run_config_from_dict(welcome["run"])
-        stage.run_id = welcome["run_id"]
-        spec = StageSpec(welcome["stage"], welcome["num_stages"], welcome["layer_start"], welcome["layer_end"])
-        stage.num_layers = welcome["num_layers"]
+        stage.run_cfg = run_config_from_dict(welcome.run)
+        stage.run_id = welcome.run_id
+        spec = StageSpec(welcome.stage, welcome.num_stages, welcome.layer_start, welcome.layer_end)
+        stage.num_layers = welcome.num_layers
         optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer")
         if self.links is not None:
-            await self.links.start(welcome["signal_url"])
-        keep = stage.spec == spec and welcome["source"] == "keep" and stage.rt.backend is not None
+            await self.links.start(welcome.signal_url)
+        keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
         if not keep:
             await self.replica.before_load()
             await self.leader.clear()
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
-            if welcome["source"] == "peer" and welcome["source_peer"]:
-                header, weights = await load_from_peer(ctx, spec, welcome["source_peer"], optimizer)
-                await self.replica.joined(welcome["source_peer"], header, weights)
+            if welcome.source == "peer" and welcome.source_peer:
+                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer)
+                await self.replica.joined(welcome.source_peer, header, weights)
             else:
                 await load_from_files(ctx, base_dir(self.config.base_checkpoint), spec, optimizer,
-                                      welcome["stage_checkpoint"], welcome["version"])
+                                      welcome.stage_checkpoint, welcome.version)
         stage.spec = spec
         self.replicas.new_weights(fresh=not keep)
-        ctx.membership.coordinator_version = welcome["version"]
+        ctx.membership.coordinator_version = welcome.version
         self.replica.after_load()
 
     def _connect_neighbours(self) -> None:
@@ -301,72 +301,72 @@ class Node:
         self.links.connect_ahead(wanted)
 
     # ------------------------------------------------------------------ coordinator messages
-    def on_coordinator(self, msg: dict) -> None:
-        """A validated coordinator message: dispatch on its type."""
-        kind = msg["type"]
-        if kind in TRAINING_MESSAGES and self.role != "trainer":
-            log.warning("ignored '%s': this node is an inference replica and does no training", kind)
+    def on_coordinator(self, msg: messages.CoordinatorToNode) -> None:
+        """A decoded coordinator message: dispatch on its type."""
+        if isinstance(msg, TRAINING_MESSAGES) and self.role != "trainer":
+            log.warning("ignored '%s': this node is an inference replica and does no training",
+                        msg.__struct_config__.tag)
             return
-        handler = self._coordinator_handlers.get(kind)
+        handler = self._coordinator_handlers.get(type(msg))
         if handler is not None:
             handler(msg)
 
-    def _on_abort(self, msg: dict) -> None:
-        self.ctx.tasks.spawn(self._abort(msg["step"]), f"polis-abort-{msg['step']}")
+    def _on_abort(self, msg: messages.Abort) -> None:
+        self.ctx.tasks.spawn(self._abort(msg.step), f"polis-abort-{msg.step}")
 
     async def _abort(self, step: int) -> None:
         await self.training.abort(step)
         self.replicas.forget(step)
 
-    def _on_members(self, msg: dict) -> None:
-        self.ctx.membership.update(msg["stages"], msg.get("inference"))
-        self.ctx.membership.coordinator_version = msg["version"]
+    def _on_members(self, msg: messages.Members) -> None:
+        self.ctx.membership.update(msg.stages, msg.inference)
+        self.ctx.membership.coordinator_version = msg.version
         self._connect_neighbours()
         self.status.emit_status()
 
-    def _on_reassign(self, msg: dict) -> None:
+    def _on_reassign(self, msg: messages.Welcome) -> None:
         self.ctx.tasks.spawn(self._reassign(msg), "polis-reassign")
 
-    async def _reassign(self, msg: dict) -> None:
+    async def _reassign(self, msg: messages.Welcome) -> None:
         self._abandon_jobs()
         await self._apply_welcome(msg)
         await self._ready()
 
-    def _on_shutdown(self, msg: dict) -> None:
-        log.info("coordinator asked us to stop: %s", msg["reason"])
+    def _on_shutdown(self, msg: messages.Shutdown) -> None:
+        log.info("coordinator asked us to stop: %s", msg.reason)
         self.request_stop()
 
     # ------------------------------------------------------------------ peer messages
-    def on_peer(self, sender: str, header: dict, payload: bytes) -> None:
-        """A validated peer message: check it may reach us now, dispatch on its type."""
-        kind = header["type"]
-        if kind in ("wdelta", "wlead"):  # queued even while loading; handled once a stage is loaded
+    def on_peer(self, sender: str, header: messages.PeerMessage, payload: bytes) -> None:
+        """A decoded peer message: check it may reach us now, dispatch on its type."""
+        if isinstance(header, (messages.WDelta, messages.WLead)):  # queued even while loading
             self.replica.on_stream_message(sender, header, payload)
             return
-        if kind == "weights":  # what a node that holds no stage yet loads from (only if it asked that peer)
-            self.ctx.weights.deliver(sender, header, payload)
+        if isinstance(header, messages.Weights):  # a node that holds no stage yet loads from these
+            self.ctx.weights.deliver(sender, header, payload)  # (only from the peer it asked)
             return
+        kind = header.__struct_config__.tag
         if not self.ctx.stage.loaded():
             raise ProtocolViolation(f"'{kind}' arrived before this node holds a stage")
         spec = self.ctx.stage.spec
-        if kind in ("act", "drop", "grad"):
+        if isinstance(header, (messages.Act, messages.Drop, messages.Grad)):
             check_hop(kind, header, sender, self.ctx.peer_id, spec.stage_index, spec.num_stages)
-        handler = self._peer_handlers.get(kind)
+        handler = self._peer_handlers.get(type(header))
         if handler is not None:
             handler(sender, header, payload)
 
-    def _on_act(self, sender: str, header: dict, payload: bytes) -> None:
-        x = decode_activation(header["tensor"], payload, self.ctx.stage.rt.hidden_size)
-        (self.generation if header["kind"] == "gen" else self.training).on_act(sender, header, x)
+    def _on_act(self, sender: str, header: messages.Act, payload: bytes) -> None:
+        x = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
+        (self.generation if header.kind == "gen" else self.training).on_act(sender, header, x)
 
-    def _on_grad(self, sender: str, header: dict, payload: bytes) -> None:
-        grad = decode_activation(header["tensor"], payload, self.ctx.stage.rt.hidden_size)
+    def _on_grad(self, sender: str, header: messages.Grad, payload: bytes) -> None:
+        grad = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
         self.training.on_grad(sender, header, grad)
 
-    def _on_weights_req(self, sender: str, header: dict, payload: bytes) -> None:
-        if header["stage"] != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
-            raise ProtocolViolation(f"weights of stage {header['stage']} asked by {sender}, not a replica of ours")
-        if header.get("stream"):
+    def _on_weights_req(self, sender: str, header: messages.WeightsReq, payload: bytes) -> None:
+        if header.stage != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
+            raise ProtocolViolation(f"weights of stage {header.stage} asked by {sender}, not a replica of ours")
+        if header.stream:
             self.leader.on_stream_request(sender, header, payload)
         else:
             self.replicas.on_weights_req(sender, header, payload)

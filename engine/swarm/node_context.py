@@ -29,6 +29,7 @@ from engine.net.errors import ProtocolViolation
 if TYPE_CHECKING:
     from backends.base import StageSpec
     from engine.swarm.compute_thread import ComputeThread
+    from engine.swarm.messages import NodeToCoordinator, PeerMessage, Weights
     from engine.swarm.run_config import RunConfig
     from engine.swarm.stage_runtime import StageRuntime
 
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 class PeerSender(Protocol):
     """Sends to other nodes; ``send`` raises (NetError, LinkClosed, TimeoutError) past its deadline."""
 
-    async def send(self, peer: str, header: dict, payload: bytes = b"", channel: str = "control") -> None: ...
+    async def send(self, peer: str, header: PeerMessage, payload: bytes = b"", channel: str = "control") -> None:
+        ...
 
     def strike(self, peer: str, reason: str) -> None:
         """Count a protocol violation against ``peer`` (its link closes after a few)."""
@@ -47,7 +49,7 @@ class PeerSender(Protocol):
 class CoordinatorSender(Protocol):
     """Sends to the coordinator; a message while it is away is dropped (it resends work on reconnect)."""
 
-    async def send(self, message: dict) -> None: ...
+    async def send(self, message: NodeToCoordinator) -> None: ...
 
 
 class TaskSpawner:
@@ -139,7 +141,7 @@ class WeightsInbox:
     def busy(self) -> bool:
         return self._waiter is not None and not self._waiter.done()
 
-    def deliver(self, sender: str, header: dict, payload: bytes) -> None:
+    def deliver(self, sender: str, header: Weights, payload: bytes) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done() or sender != self._from:
             raise ProtocolViolation("unrequested weights")

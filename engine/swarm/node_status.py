@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from engine.swarm.messages import Report
 from engine.swarm.node_context import NodeContext
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class NodeStatus:
                    "uptime_s": time.monotonic() - self._started}
             delta = {k: max(0.0, now[k] - self._reported[k]) for k in self._reported}
             self._reported = now
-            await ctx.coordinator.send({"type": "report", **delta})
+            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}))
             self.emit("stats", tokens_generated=int(now["tokens_generated"]),
                       microbatches_trained=int(now["microbatches_trained"]), bytes_sent=int(sent),
                       bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),

@@ -4,7 +4,8 @@
 It connects to the coordinator's signalling relay (the URL comes in the
 welcome), opens links through a :class:`~engine.net.peer_manager.PeerManager`
 (only members of the swarm may link to us), reads every link on its own named
-task and hands each validated message to ``on_message(sender, header, payload)``;
+task and hands each decoded message (a typed struct, ``engine.swarm.messages``)
+to ``on_message(sender, header, payload)``;
 a ``ProtocolViolation`` raised there counts as a strike against the sender.
 ``send`` waits for the upload cap, opens the link if needed and gives the whole
 send ``send_timeout_s``; a message to ourselves is handled in place.
@@ -24,6 +25,7 @@ from engine.net.peer_link import LinkConfig, PeerLink
 from engine.net.peer_manager import PeerManager, PeerManagerConfig
 from engine.net.signalling import SignallingClient
 from engine.swarm import messages
+from engine.swarm.messages import PeerMessage
 from engine.swarm.node_context import TaskSpawner
 from engine.swarm.rate_limit import TokenBucket
 
@@ -39,7 +41,7 @@ class PeerLinks:
     """Links of one node; see the module docstring."""
 
     def __init__(self, identity: Identity, tasks: TaskSpawner,
-                 on_message: Callable[[str, dict, bytes], None], *, accept_peer: Callable[[str], bool],
+                 on_message: Callable[[str, PeerMessage, bytes], None], *, accept_peer: Callable[[str], bool],
                  upload_mbps: float | None = None, download_mbps: float | None = None,
                  send_timeout_s: float = SEND_TIMEOUT_S) -> None:
         self.identity = identity
@@ -64,7 +66,7 @@ class PeerLinks:
         self._signal = SignallingClient(signal_url, self.identity)
         await self._signal.connect()
         self._pm = PeerManager(self._signal, PeerManagerConfig(link=LinkConfig()),
-                               validator=messages.PEER_MESSAGES.validate, accept_peer=self.accept_peer)
+                               validator=messages.decode_peer_header, accept_peer=self.accept_peer)
         self._pm.on_link = lambda link: self.tasks.spawn(self._read(link), f"polis-read-{link.peer_id[:8]}")
 
     async def close(self) -> None:
@@ -81,7 +83,7 @@ class PeerLinks:
         return len(self._pm.links) if self._pm is not None else 0
 
     # ------------------------------------------------------------------ PeerSender
-    async def send(self, peer: str, header: dict, payload: bytes = b"", channel: str = "control") -> None:
+    async def send(self, peer: str, header: PeerMessage, payload: bytes = b"", channel: str = "control") -> None:
         if peer == self.identity.peer_id:
             self.on_message(peer, header, payload)
             return
@@ -89,7 +91,7 @@ class PeerLinks:
         await asyncio.wait_for(self._send(peer, header, payload, "bulk" if payload else channel),
                                self.send_timeout_s)
 
-    async def _send(self, peer: str, header: dict, payload: bytes, channel: str) -> None:
+    async def _send(self, peer: str, header: PeerMessage, payload: bytes, channel: str) -> None:
         link = await self._link(peer)
         await link.send(header, payload, channel=channel)
 

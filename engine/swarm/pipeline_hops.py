@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.net.errors import ProtocolViolation
 from engine.net.tensor_codec import decode_tensor, encode_tensor
+from engine.swarm.messages import Act, Drop, Grad
 
 #: most elements of one activation tensor a node decodes (rows x tokens x hidden)
 MAX_ACTIVATION_ELEMENTS = 1 << 26
@@ -52,9 +53,10 @@ def forward_encoded(forward: Callable[[str, np.ndarray], np.ndarray], key: str, 
     return encode_activation(forward(key, x), encoding)
 
 
-def check_hop(kind: str, header: dict, sender: str, me: str, stage_index: int, num_stages: int) -> None:
+def check_hop(kind: str, header: Act | Drop | Grad, sender: str, me: str, stage_index: int,
+              num_stages: int) -> None:
     """An ``act``/``drop``/``grad`` must be for our hop and come from the route's neighbour."""
-    route, hop = header["route"], header["hop"]
+    route, hop = header.route, header.hop
     if len(route) != num_stages or hop != stage_index or route[hop] != me:
         raise ProtocolViolation(f"'{kind}' routed to hop {hop} of {len(route)}, but we are stage {stage_index}")
     upstream = route[hop + 1] if kind == "grad" else route[hop - 1]

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from engine.net.errors import ProtocolViolation
-from engine.swarm import tensor_bundle
+from engine.swarm import messages, tensor_bundle
+from engine.swarm.messages import Apply, Share, Sync, Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
 from engine.swarm.replica_sync import ReplicaCompressor, aggregate, dense_nbytes
 
@@ -40,7 +41,7 @@ class ReplicaStep:
 
     def __init__(self, ctx: NodeContext, *, share_timeout_s: float, data_dir: str | None,
                  release_through: Callable[[int], Awaitable[None]],
-                 after_step: Callable[[dict], None]) -> None:
+                 after_step: Callable[[Apply], None]) -> None:
         self.ctx = ctx
         self.share_timeout_s = share_timeout_s
         self.data_dir = data_dir
@@ -57,21 +58,21 @@ class ReplicaStep:
             self._compressor = ReplicaCompressor(run_cfg.update_encoding, run_cfg.update_topk_fraction)
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_apply(self, msg: dict) -> None:
-        self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg['step']}")
+    def on_apply(self, msg: Apply) -> None:
+        self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg.step}")
 
-    def on_sync(self, msg: dict) -> None:
-        self.ctx.tasks.spawn(self._resync(msg["source_peer"]), "polis-resync")
+    def on_sync(self, msg: Sync) -> None:
+        self.ctx.tasks.spawn(self._resync(msg.source_peer), "polis-resync")
 
-    def on_share(self, sender: str, header: dict, payload: bytes) -> None:
+    def on_share(self, sender: str, header: Share, payload: bytes) -> None:
         if sender not in self.ctx.stage_members():
             raise ProtocolViolation(f"gradient share from {sender}, who is not a replica of our stage")
-        if len(self._shares) > MAX_SHARE_STEPS and header["step"] not in self._shares:
+        if len(self._shares) > MAX_SHARE_STEPS and header.step not in self._shares:
             raise ProtocolViolation("too many steps of gradient shares in flight")
-        self._shares.setdefault(header["step"], {})[sender] = (header["tensors"], payload)
+        self._shares.setdefault(header.step, {})[sender] = (header.tensors, payload)
         self._share_event.set()
 
-    def on_weights_req(self, sender: str, header: dict, payload: bytes) -> None:
+    def on_weights_req(self, sender: str, header: WeightsReq, payload: bytes) -> None:
         self.ctx.tasks.spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
 
     def forget(self, step: int | None = None) -> None:
@@ -82,10 +83,10 @@ class ReplicaStep:
             self._shares.pop(step, None)
 
     # ------------------------------------------------------------------ the step
-    async def _apply(self, msg: dict) -> None:
+    async def _apply(self, msg: Apply) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        step, version = msg["step"], msg["version"]
-        others = sorted(p for p in msg["replicas"] if p != ctx.peer_id)
+        step, version = msg.step, msg.version
+        others = sorted(p for p in msg.replicas if p != ctx.peer_id)
         grads = await ctx.compute.run(rt.grads)
         dense = dense_nbytes(grads)
         update_bytes = 0
@@ -93,9 +94,10 @@ class ReplicaStep:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
             entries, payload = tensor_bundle.pack(encoded)
             update_bytes = len(payload)
+            share = Share(step=step, tensors=tensor_bundle.wire_entries(entries))
             loop = asyncio.get_running_loop()
-            sends = [loop.create_task(ctx.peers.send(p, {"type": "share", "step": step, "tensors": entries}, payload),
-                                      name=f"polis-share-{step}-{p[:8]}") for p in others]
+            sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-share-{step}-{p[:8]}")
+                     for p in others]
             results = await asyncio.gather(*sends, return_exceptions=True)
             for peer, result in zip(others, results):
                 if isinstance(result, Exception):
@@ -116,12 +118,12 @@ class ReplicaStep:
         self._shares = {s: v for s, v in self._shares.items() if s > step}
         await self._release_through(step)
         path = None
-        if msg["checkpoint"]:
+        if msg.checkpoint:
             path = str(self.stage_checkpoint_path())
             await ctx.compute.run(rt.save_stage, path, version)
-        await ctx.coordinator.send({"type": "stepped", "step": step, "version": version, "grad_norm": norm,
-                                    "checksum": checksum, "update_bytes": update_bytes, "dense_bytes": dense,
-                                    "checkpoint_path": path})
+        await ctx.coordinator.send(messages.Stepped(step=step, version=version, grad_norm=float(norm),
+                                                    checksum=float(checksum), update_bytes=int(update_bytes),
+                                                    dense_bytes=int(dense), checkpoint_path=path))
         self._after_step(msg)
         ctx.on_status()
 
@@ -156,17 +158,17 @@ class ReplicaStep:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state, version = await ctx.compute.run(rt.snapshot)
         entries, payload = await ctx.compute.run(tensor_bundle.pack_arrays, state)
-        await ctx.peers.send(peer, {"type": "weights", "stage": ctx.stage.spec.stage_index, "version": version,
-                                    "config": rt.model_config.to_hf_dict(), "tensors": entries}, payload)
+        await ctx.peers.send(peer, Weights(stage=ctx.stage.spec.stage_index, version=int(version),
+                                           config=rt.model_config.to_hf_dict(),
+                                           tensors=tensor_bundle.wire_entries(entries)), payload)
 
     async def _resync(self, source: str) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         waiter = ctx.weights.expect(source)
-        await ctx.peers.send(source, {"type": "weights_req", "stage": ctx.stage.spec.stage_index})
+        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index))
         header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
-        weights = tensor_bundle.unpack(header["tensors"], payload, await ctx.compute.run(rt.shapes),
-                                       require_all=True)
-        await ctx.compute.run(rt.set_weights, weights, header["version"])
+        weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
+        await ctx.compute.run(rt.set_weights, weights, header.version)
         self._compressor.reset()
         log.info("resynchronised stage %d from %s at version %d", ctx.stage.spec.stage_index, source,
-                 header["version"])
+                 header.version)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from backends.base import OptimizerConfig, StageSpec
 from engine.swarm import tensor_bundle
+from engine.swarm.messages import Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
 from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S
 
@@ -41,22 +42,18 @@ async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimiz
 
 
 async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
-                         optimizer: OptimizerConfig) -> tuple[dict, dict]:
+                         optimizer: OptimizerConfig) -> tuple[Weights, dict]:
     """Load ``spec`` from ``peer``'s weights; ``(weights header, weights)`` as they arrived."""
     from backends.stage_layout import plan_stage
     from engine.model.config import ModelConfig
 
     waiter = ctx.weights.expect(peer)
-    request = {"type": "weights_req", "stage": spec.stage_index}
-    if ctx.role == "inference":
-        request["stream"] = True  # and follow the weight stream that starts from these weights
-    await ctx.peers.send(peer, request)
+    # an inference replica also follows the weight stream that starts from these weights
+    await ctx.peers.send(peer, WeightsReq(stage=spec.stage_index, stream=ctx.role == "inference"))
     header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
-    config_dict = header["config"]
-    config = ModelConfig.from_dict(config_dict, source=f"replica {peer}")
-    names = [e["name"] for e in header["tensors"]]
-    layout = plan_stage(spec, config, names)
-    weights = tensor_bundle.unpack(header["tensors"], payload, layout.shapes, require_all=True)
-    await ctx.compute.run(ctx.stage.rt.load_weights, spec, config_dict, weights, optimizer, header["version"])
-    log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header["version"], peer)
+    config = ModelConfig.from_dict(header.config, source=f"replica {peer}")
+    layout = plan_stage(spec, config, [e.name for e in header.tensors])
+    weights = tensor_bundle.unpack(header.tensors, payload, layout.shapes, require_all=True)
+    await ctx.compute.run(ctx.stage.rt.load_weights, spec, header.config, weights, optimizer, header.version)
+    log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header.version, peer)
     return header, weights

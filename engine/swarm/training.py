@@ -26,9 +26,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 import numpy as np
+from msgspec.structs import replace
 
 from engine.net.errors import ProtocolViolation
+from engine.swarm import messages
 from engine.swarm.generation import JOB_ERRORS
+from engine.swarm.messages import Act, Grad, TrainIn, TrainOut
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import encode_activation, forward_encoded, rect
 
@@ -38,17 +41,18 @@ log = logging.getLogger(__name__)
 MAX_SLOTS = 4096
 
 
-def train_key(msg: dict) -> str:
+def train_key(msg: TrainIn | TrainOut | Act) -> str:
     """Key of a training micro-batch; proximal (forward-only) passes get their own."""
-    return f"{'p' if msg.get('prox') or msg.get('kind') == 'prox' else ''}{msg['step']}:{msg['mb']}"
+    prox = msg.kind == "prox" if isinstance(msg, Act) else msg.prox
+    return f"{'p' if prox else ''}{msg.step}:{msg.mb}"
 
 
 @dataclass
 class _TrainSlot:
     """Last stage: a micro-batch waits for its activations and its targets."""
 
-    act: tuple[dict, np.ndarray] | None = None
-    out: dict | None = None
+    act: tuple[list[str], np.ndarray] | None = None  # (route, activations or input ids)
+    out: TrainOut | None = None
     created: float = field(default_factory=time.monotonic)
 
 
@@ -61,24 +65,24 @@ class Training:
         self._keys: set[str] = set()  # micro-batches whose activations the backend keeps for backward
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_train_in(self, msg: dict) -> None:
-        self._spawn(self._first(msg), msg["step"], msg["mb"], f"polis-train-{msg['step']}-{msg['mb']}")
+    def on_train_in(self, msg: TrainIn) -> None:
+        self._spawn(self._first(msg), msg.step, msg.mb, f"polis-train-{msg.step}-{msg.mb}")
 
-    def on_train_out(self, msg: dict) -> None:
+    def on_train_out(self, msg: TrainOut) -> None:
         key = train_key(msg)
         self._slot(key).out = msg
-        self._spawn(self._last_if_ready(key), msg["step"], msg["mb"], f"polis-last-{key}")
+        self._spawn(self._last_if_ready(key), msg.step, msg.mb, f"polis-last-{key}")
 
-    def on_act(self, sender: str, header: dict, x: np.ndarray) -> None:
+    def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
         key = train_key(header)
         if self.ctx.stage.spec.is_last:
-            self._slot(key).act = (header, x)
-            self._spawn(self._last_if_ready(key), header["step"], header["mb"], f"polis-last-{key}")
+            self._slot(key).act = (header.route, x)
+            self._spawn(self._last_if_ready(key), header.step, header.mb, f"polis-last-{key}")
         else:
-            self._spawn(self._mid(header, x), header["step"], header["mb"], f"polis-mid-{key}")
+            self._spawn(self._mid(header, x), header.step, header.mb, f"polis-mid-{key}")
 
-    def on_grad(self, sender: str, header: dict, g: np.ndarray) -> None:
-        self._spawn(self._back(header, g), header["step"], header["mb"], f"polis-back-{header['job']}")
+    def on_grad(self, sender: str, header: Grad, g: np.ndarray) -> None:
+        self._spawn(self._back(header, g), header.step, header.mb, f"polis-back-{header.job}")
 
     def _spawn(self, coro: Coroutine, step: int, mb: int, name: str) -> None:
         self.ctx.tasks.spawn(self._guard(coro, step, mb), name)
@@ -96,7 +100,7 @@ class Training:
             if key in self._keys:
                 self._keys.discard(key)
                 await ctx.compute.run(ctx.stage.rt.release, key)
-            await ctx.coordinator.send({"type": "mb_failed", "step": step, "mb": mb, "reason": str(exc)[:500]})
+            await ctx.coordinator.send(messages.MbFailed(step=step, mb=mb, reason=str(exc)[:500]))
 
     def _slot(self, key: str) -> _TrainSlot:
         slot = self._slots.get(key)
@@ -115,33 +119,33 @@ class Training:
         self._keys.add(key)
         return rt.train_forward
 
-    async def _first(self, msg: dict) -> None:
+    async def _first(self, msg: TrainIn) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
-        route, key = msg["route"], train_key(msg)
+        route, key = msg.route, train_key(msg)
         if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
             raise ProtocolViolation("training input sent to a node that is not its first stage")
-        inputs = rect(msg["inputs"], np.int64, "inputs")
+        inputs = rect(msg.inputs, np.int64, "inputs")
         if inputs.max() >= rt.vocab_size:
             raise ProtocolViolation("input token id outside the vocabulary")
-        prox = bool(msg.get("prox"))
+        prox = msg.prox
         if spec.is_last:
-            self._slot(key).act = ({"route": route}, inputs)
+            self._slot(key).act = (route, inputs)
             await self._last_if_ready(key)
             return
         tensor, payload = await ctx.compute.run(forward_encoded, self._forward(prox, key), key, inputs,
                                                 ctx.stage.run_cfg.activation_encoding)
-        await ctx.peers.send(route[1], {"type": "act", "kind": "prox" if prox else "train", "job": key,
-                                        "route": route, "hop": 1, "versions": [rt.version], "tensor": tensor,
-                                        "step": msg["step"], "mb": msg["mb"]}, payload)
+        await ctx.peers.send(route[1], Act(kind="prox" if prox else "train", job=key, route=route, hop=1,
+                                           versions=[int(rt.version)], tensor=tensor, step=msg.step, mb=msg.mb),
+                             payload)
 
-    async def _mid(self, header: dict, x: np.ndarray) -> None:
+    async def _mid(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         key = train_key(header)
-        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(header["kind"] == "prox", key), key, x,
+        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(header.kind == "prox", key), key, x,
                                                 ctx.stage.run_cfg.activation_encoding)
-        hop = header["hop"] + 1
-        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "tensor": tensor,
-                                               "versions": header["versions"] + [rt.version]}, payload)
+        hop = header.hop + 1
+        await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor,
+                                                        versions=[*header.versions, int(rt.version)]), payload)
 
     async def _last_if_ready(self, key: str) -> None:
         ctx, rt, run_cfg = self.ctx, self.ctx.stage.rt, self.ctx.stage.run_cfg
@@ -149,13 +153,13 @@ class Training:
         if slot is None or slot.act is None or slot.out is None:
             return
         del self._slots[key]
-        (header, x), out = slot.act, slot.out
-        if header["route"] != out["route"]:
+        (route, x), out = slot.act, slot.out
+        if route != out.route:
             raise ProtocolViolation("activations and targets of a micro-batch name different routes")
-        targets = rect(out["targets"], np.int64, "targets")
-        mask = rect(out["mask"], bool, "mask")
-        behaviour = rect(out["behaviour"], np.float32, "behaviour")
-        advantages = np.asarray(out["advantages"], dtype=np.float32)
+        targets = rect(out.targets, np.int64, "targets")
+        mask = rect(out.mask, bool, "mask")
+        behaviour = rect(out.behaviour, np.float32, "behaviour")
+        advantages = np.asarray(out.advantages, dtype=np.float32)
         rows, width = x.shape[0], x.shape[1]
         if targets.shape != (rows, width) or mask.shape != targets.shape or behaviour.shape != targets.shape \
                 or advantages.shape != (rows,):
@@ -163,47 +167,49 @@ class Training:
         if targets.max() >= rt.vocab_size:
             raise ProtocolViolation("target token id outside the vocabulary")
         temperature = run_cfg.sampling.temperature
-        if out.get("prox"):
+        if out.prox:
             logp = await ctx.compute.run(rt.prox_logprobs, x, targets, temperature)
-            await ctx.coordinator.send({"type": "prox_done", "step": out["step"], "mb": out["mb"],
-                                        "logprobs": np.round(logp, 6).tolist()})
+            await ctx.coordinator.send(messages.ProxDone(step=out.step, mb=out.mb,
+                                                         logprobs=np.round(logp, 6).astype(float).tolist()))
             return
         proximal = None
-        if out.get("proximal") is not None:
-            proximal = rect(out["proximal"], np.float32, "proximal")
+        if out.proximal is not None:
+            proximal = rect(out.proximal, np.float32, "proximal")
             if proximal.shape != targets.shape:
                 raise ProtocolViolation("proximal log-probs do not fit the targets")
         self._keys.add(key)
         grad_in, stats = await ctx.compute.run(
-            rt.train_last, key, x, targets, mask, behaviour, advantages, out["normaliser"],
+            rt.train_last, key, x, targets, mask, behaviour, advantages, out.normaliser,
             run_cfg.objective, temperature, proximal)
         self._keys.discard(key)
         ctx.counters["microbatches_trained"] += 1
-        step, mb = out["step"], out["mb"]
-        await ctx.coordinator.send({"type": "mb_loss", "step": step, "mb": mb, **stats})
-        route = out["route"]
+        step, mb = out.step, out.mb
+        await ctx.coordinator.send(messages.MbLoss(
+            step=step, mb=mb, loss=float(stats["loss"]), tokens=int(stats["tokens"]),
+            masked_fraction=float(stats["masked_fraction"]), ess=float(stats["ess"]),
+            clipped_fraction=float(stats["clipped_fraction"])))
         if len(route) == 1:
-            await ctx.coordinator.send({"type": "mb_done", "step": step, "mb": mb})
+            await ctx.coordinator.send(messages.MbDone(step=step, mb=mb))
             return
         tensor, payload = await ctx.compute.run(encode_activation, grad_in, run_cfg.activation_encoding)
         hop = len(route) - 2
-        await ctx.peers.send(route[hop], {"type": "grad", "job": key, "route": route, "hop": hop, "tensor": tensor,
-                                          "step": step, "mb": mb}, payload)
+        await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb),
+                             payload)
 
-    async def _back(self, header: dict, g: np.ndarray) -> None:
+    async def _back(self, header: Grad, g: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        key = f"{header['step']}:{header['mb']}"
+        key = f"{header.step}:{header.mb}"
         if key not in self._keys:
             raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
         self._keys.discard(key)
         grad_in = await ctx.compute.run(rt.train_backward, key, g)
         ctx.counters["microbatches_trained"] += 1
         if ctx.stage.spec.is_first:
-            await ctx.coordinator.send({"type": "mb_done", "step": header["step"], "mb": header["mb"]})
+            await ctx.coordinator.send(messages.MbDone(step=header.step, mb=header.mb))
             return
         tensor, payload = await ctx.compute.run(encode_activation, grad_in, ctx.stage.run_cfg.activation_encoding)
-        hop = header["hop"] - 1
-        await ctx.peers.send(header["route"][hop], {**header, "hop": hop, "tensor": tensor}, payload)
+        hop = header.hop - 1
+        await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor), payload)
 
     # ------------------------------------------------------------------ step boundaries
     async def abort(self, step: int) -> None:

@@ -20,7 +20,8 @@ import asyncio
 import logging
 
 from engine.net.errors import NetError, ProtocolViolation
-from engine.swarm import tensor_bundle
+from engine.swarm import messages, tensor_bundle
+from engine.swarm.messages import Apply, WDelta, Weights, WeightsReq, WLead
 from engine.swarm.node_context import NodeContext
 from engine.swarm.weight_stream import DeltaFrame, StreamLeader, WeightStreamConfig
 
@@ -42,23 +43,23 @@ class WeightStreamLeader:
             self.state.clear()
 
     # ------------------------------------------------------------------ inbound (loop, no await)
-    def on_stream_request(self, sender: str, header: dict, payload: bytes) -> None:
+    def on_stream_request(self, sender: str, header: WeightsReq, payload: bytes) -> None:
         """``weights_req(stream=True)``: only an inference replica may follow a trainer's stream."""
         if self.ctx.role != "trainer" or sender not in self.ctx.membership.inference:
             raise ProtocolViolation(f"a weight stream asked by {sender}, not an inference replica, "
                                     f"or of a node that does not train")
         self.ctx.tasks.spawn(self._send_stream_weights(sender), f"polis-weights-{sender[:8]}")
 
-    def after_step(self, msg: dict) -> None:
+    def after_step(self, msg: Apply) -> None:
         """An ``apply`` was stepped: stream it (in a named task) if we lead the stage."""
-        self.ctx.tasks.spawn(self.stream_step(msg), f"polis-wstream-{msg['version']}")
+        self.ctx.tasks.spawn(self.stream_step(msg), f"polis-wstream-{msg.version}")
 
     # ------------------------------------------------------------------ streaming
-    async def stream_step(self, msg: dict) -> None:
+    async def stream_step(self, msg: Apply) -> None:
         """If we lead the stage named by ``apply`` message ``msg``, stream to its inference replicas."""
         ctx = self.ctx
-        leading = msg["replicas"][0] == ctx.peer_id
-        targets = sorted(set(msg.get("inference") or ()) - {ctx.peer_id}) if leading else []
+        leading = msg.replicas[0] == ctx.peer_id
+        targets = sorted(set(msg.inference) - {ctx.peer_id}) if leading else []
         async with self._lock:  # the compute thread may be encoding: change streams only here
             self.state.retain(targets)  # not leading: drop them all; a later lead starts afresh
             if not targets:
@@ -70,15 +71,15 @@ class WeightStreamLeader:
                                                     name=f"polis-wstream-{version}-{peer[:8]}")
                                    for peer in targets))
         if frames:
-            await ctx.coordinator.send({"type": "streamed", "version": version,
-                                        "streams": [f.report for f in frames.values()]})
+            await ctx.coordinator.send(messages.Streamed(
+                version=version, streams=[messages.StreamReport(**f.report) for f in frames.values()]))
 
     async def _push(self, peer: str, frame: DeltaFrame | None, stage: int, version: int) -> None:
         try:
             if frame is None:
-                await self.ctx.peers.send(peer, {"type": "wlead", "stage": stage, "version": version})
+                await self.ctx.peers.send(peer, WLead(stage=stage, version=version))
             else:
-                await self.ctx.peers.send(peer, {"type": "wdelta", "stage": stage, **frame.header}, frame.payload)
+                await self.ctx.peers.send(peer, WDelta(stage=stage, **frame.header), frame.payload)
                 self.stats["deltas_sent"] += 1
                 self.stats["delta_bytes_sent"] += len(frame.payload)
         except (NetError, OSError, asyncio.TimeoutError, ValueError) as exc:
@@ -88,16 +89,17 @@ class WeightStreamLeader:
         """Compute thread: one delta per replica we hold a stream for, all from one snapshot."""
         weights, version = self.ctx.stage.rt.snapshot()
         frames = {p: self.state.encode(p, weights, version) for p in targets if self.state.has(p)}
-        return version, frames
+        return int(version), frames
 
     async def _send_stream_weights(self, peer: str) -> None:
         """Full weights, and a stream starting from exactly them."""
         ctx = self.ctx
         async with self._lock:
             entries, payload, version, stream_id = await ctx.compute.run(self._start_stream, peer)
-            await ctx.peers.send(peer, {"type": "weights", "stage": ctx.stage.spec.stage_index, "version": version,
-                                        "config": ctx.stage.rt.model_config.to_hf_dict(), "tensors": entries,
-                                        "stream": stream_id}, payload)
+            await ctx.peers.send(peer, Weights(stage=ctx.stage.spec.stage_index, version=version,
+                                               config=ctx.stage.rt.model_config.to_hf_dict(),
+                                               tensors=tensor_bundle.wire_entries(entries), stream=stream_id),
+                                 payload)
         log.info("sent full weights (version %d) to inference replica %s; stream %d starts", version, peer,
                  stream_id)
 
@@ -105,4 +107,4 @@ class WeightStreamLeader:
         weights, version = self.ctx.stage.rt.snapshot()
         stream_id = self.state.start(peer, weights, version)
         entries, payload = tensor_bundle.pack_arrays(weights)
-        return entries, payload, version, stream_id
+        return entries, payload, int(version), stream_id

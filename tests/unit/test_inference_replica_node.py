@@ -17,7 +17,7 @@ import pytest
 
 from backends.base import StageSpec
 from engine.net.errors import ProtocolViolation
-from engine.swarm import tensor_bundle
+from engine.swarm import messages, tensor_bundle
 from engine.swarm.node import Node, NodeConfig
 from tests.support.memory_wire import MemoryWire, RecordingCoordinator
 
@@ -94,17 +94,17 @@ def _step(node: Node, rng, version: int) -> None:
     rt.version = version
 
 
-def _apply_msg(version: int, leader: str = LEAD) -> dict:
-    return {"type": "apply", "step": version - 1, "version": version, "replicas": sorted({leader, OTHER}),
-            "checkpoint": False, "inference": [INF]}
+def _apply_msg(version: int, leader: str = LEAD, replicas: list[str] | None = None) -> messages.Apply:
+    return messages.Apply(step=version - 1, version=version, replicas=replicas or sorted({leader, OTHER}),
+                          checkpoint=False, inference=[INF])
 
 
 def _bits(a: dict, b: dict) -> bool:
     return all(np.array_equal(a[n].view(np.uint32), b[n].view(np.uint32)) for n in a)
 
 
-def _served(node: Node) -> list[dict]:
-    return node.ctx.coordinator.of_type("served")
+def _served(node: Node) -> list[messages.Served]:
+    return node.ctx.coordinator.of_type(messages.Served)
 
 
 def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta_or_a_new_leader():
@@ -123,7 +123,7 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         # 1. the leader holds no stream for the replica: wlead -> full weights with a stream
         await lead.leader.stream_step(_apply_msg(3))
         await _settle(lead, inf)
-        assert _served(inf)[-1]["full"] and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
+        assert _served(inf)[-1].full and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
         assert lead.leader.state.has(INF)
 
         # 2. deltas: the replica serves exactly the leader's shadow, one residual behind the trainer
@@ -134,13 +134,13 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
             assert inf.rt.version == version
             assert _bits(inf.rt.weights, lead.leader.state.shadow(INF))
             assert max(np.abs(inf.rt.weights[n] - w).max() for n, w in lead.rt.weights.items()) < 1e-3 / 100
-        streamed = lead.ctx.coordinator.of_type("streamed")
-        assert len(streamed) == 8 and streamed[-1]["streams"][0]["checksum"] == _served(inf)[-1]["checksum"]
-        assert _served(inf)[-1]["full"] is False and inf.stream_stats["full_loads"] == 1
+        streamed = lead.ctx.coordinator.of_type(messages.Streamed)
+        assert len(streamed) == 8 and streamed[-1].streams[0].checksum == _served(inf)[-1].checksum
+        assert _served(inf)[-1].full is False and inf.stream_stats["full_loads"] == 1
         assert lead.stream_stats["deltas_sent"] == 8 and inf.stream_stats["deltas_applied"] == 8
 
         # 3. a lost delta: the next one is out of sequence -> full weights again, no strike
-        wire.drop = lambda src, dst, h: h["type"] == "wdelta" and h["version"] == 12
+        wire.drop = lambda src, dst, h: isinstance(h, messages.WDelta) and h.version == 12
         _step(lead, rng, 12)
         await lead.leader.stream_step(_apply_msg(12))
         wire.drop = lambda src, dst, h: False
@@ -154,8 +154,8 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         before = {n: w.copy() for n, w in inf.rt.weights.items()}
 
         def corrupt(src, dst, header, payload):
-            if header["type"] == "wdelta":
-                entry = header["delta"]["tensors"][0]
+            if isinstance(header, messages.WDelta):
+                entry = header.delta["tensors"][0]
                 entry[1] = {**entry[1], "shape": [32, 48]}
             return header, payload
         wire.mangle = corrupt
@@ -172,22 +172,23 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         _step(other, rng, 15)
         await lead.leader.stream_step(_apply_msg(15, leader=OTHER))  # lead is no longer first: drops streams
         assert not lead.leader.state.peers()
-        await other.leader.stream_step({**_apply_msg(15), "replicas": [OTHER, "zz-trainer"]})
+        await other.leader.stream_step(_apply_msg(15, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
         assert inf.replica.follower.source == OTHER and inf.rt.version == 15
         _step(other, rng, 16)
-        await other.leader.stream_step({**_apply_msg(16), "replicas": [OTHER, "zz-trainer"]})
+        await other.leader.stream_step(_apply_msg(16, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
-        assert _served(inf)[-1] == {**_served(inf)[-1], "version": 16, "source": OTHER, "full": False}
+        last = _served(inf)[-1]
+        assert (last.version, last.source, last.full) == (16, OTHER, False)
 
         # 6. stream messages from a peer that does not train our stage, or to a trainer: refused
-        inf.on_peer(INF, {"type": "wlead", "stage": 0, "version": 99}, b"")
+        inf.on_peer(INF, messages.WLead(stage=0, version=99), b"")
         await _settle(inf)
         assert wire.strikes[(INF, INF)] and inf.rt.version == 16
         with pytest.raises(ProtocolViolation):
-            lead.on_peer(OTHER, {"type": "wlead", "stage": 0, "version": 99}, b"")
+            lead.on_peer(OTHER, messages.WLead(stage=0, version=99), b"")
         # a trainer of our stage may not ask for a stream (only inference replicas follow one)
-        await wire.send(LEAD, OTHER, {"type": "weights_req", "stage": 0, "stream": True}, b"")
+        await wire.send(LEAD, OTHER, messages.WeightsReq(stage=0, stream=True), b"")
         assert wire.strikes[(OTHER, LEAD)]
 
     _run(scenario, nodes)
@@ -201,8 +202,12 @@ def test_an_inference_replica_ignores_training_work_from_the_coordinator():
         inf = _node(INF, "inference", {"w": np.zeros((2, 2), np.float32)}, 0, wire)
         trainer = _node(LEAD, "trainer", {}, 0, wire)
         nodes.extend([inf, trainer])
-        for kind in ("train_in", "train_out", "apply", "abort", "sync"):
-            inf.on_coordinator({"type": kind, "step": 0, "mb": 0, "source_peer": LEAD})
+        rows = [[1, 2]]
+        for msg in (messages.TrainIn(step=0, mb=0, route=[INF], inputs=rows),
+                    messages.TrainOut(step=0, mb=0, route=[INF], targets=rows, mask=[[True, True]],
+                                      behaviour=[[0.0, 0.0]], advantages=[1.0], normaliser=1.0),
+                    _apply_msg(1), messages.Abort(step=0), messages.Sync(source_peer=LEAD)):
+            inf.on_coordinator(msg)
         await asyncio.sleep(0)
         assert not inf.ctx.tasks.pending() and not inf.ctx.coordinator.messages
         assert inf.role == "inference" and trainer.role == "trainer"

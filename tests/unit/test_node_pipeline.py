@@ -10,6 +10,7 @@ and the schemas exactly as on a link or the coordinator's websocket.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from types import SimpleNamespace
 
@@ -42,7 +43,8 @@ def _welcome(stage: int, source: str = "checkpoint", source_peer: str | None = N
 
 
 def _send(node: Node, message: dict) -> None:
-    node.on_coordinator(messages.COORDINATOR_TO_NODE.validate(message))
+    """As the coordinator's websocket delivers it: JSON text, decoded into its typed message."""
+    node.on_coordinator(messages.decode_from_coordinator(json.dumps(message)))
 
 
 async def _until(what: str, check, timeout_s: float = 30.0):
@@ -53,7 +55,7 @@ async def _until(what: str, check, timeout_s: float = 30.0):
     return result
 
 
-def _sent(node: Node, kind: str) -> list[dict]:
+def _sent(node: Node, kind: type) -> list:
     return node.ctx.coordinator.of_type(kind)
 
 
@@ -79,15 +81,15 @@ def test_two_real_stages_generate_train_step_and_a_fresh_replica_loads_from_a_pe
             _send(node, {"type": "members", "stages": [[P0, P2], [P1]], "version": 0})
         _send(first, _welcome(0))
         _send(last, _welcome(1))
-        await _until("both stages ready", lambda: _sent(first, "ready") and _sent(last, "ready"))
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
 
         # generation: stage 0 embeds, stage 1 samples and reports; tokens go back to stage 0
         route = [P0, P1]
         _send(first, {"type": "gen", "job": "g1", "route": route, "prompt_ids": [[1, 5, 6], [1, 7, 8]],
                       "params": PARAMS})
-        done = (await _until("gen_done", lambda: _sent(last, "gen_done")))[0]
-        assert len(done["tokens"]) == 2 and all(1 <= len(t) <= PARAMS["max_new_tokens"] for t in done["tokens"])
-        assert done["versions"] == [0, 0] and first.ctx.counters["tokens_generated"] > 0
+        done = (await _until("gen_done", lambda: _sent(last, messages.GenDone)))[0]
+        assert len(done.tokens) == 2 and all(1 <= len(t) <= PARAMS["max_new_tokens"] for t in done.tokens)
+        assert done.versions == [0, 0] and first.ctx.counters["tokens_generated"] > 0
 
         # one training micro-batch: forward through both stages, loss on the last, backward to stage 0
         inputs = [[1, 5, 6, 9], [1, 7, 8, 10]]
@@ -96,26 +98,26 @@ def test_two_real_stages_generate_train_step_and_a_fresh_replica_loads_from_a_pe
         _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": targets,
                      "mask": [[False, True, True, True]] * 2, "behaviour": [[-1.0] * 4] * 2,
                      "advantages": [1.0, -1.0], "normaliser": 6.0})
-        loss = (await _until("mb_loss", lambda: _sent(last, "mb_loss")))[0]
-        assert loss["tokens"] == 6
-        await _until("mb_done", lambda: _sent(first, "mb_done"))
+        loss = (await _until("mb_loss", lambda: _sent(last, messages.MbLoss)))[0]
+        assert loss.tokens == 6
+        await _until("mb_done", lambda: _sent(first, messages.MbDone))
 
         # the step: each stage (one replica each) applies and reports a new version
         for node, trainers in ((first, [P0]), (last, [P1])):
             _send(node, {"type": "apply", "step": 0, "version": 1, "replicas": trainers, "checkpoint": False})
         for node in (first, last):
-            stepped = (await _until("stepped", lambda n=node: _sent(n, "stepped")))[0]
-            assert stepped["version"] == 1 and stepped["grad_norm"] > 0 and node.rt.version == 1
+            stepped = (await _until("stepped", lambda n=node: _sent(n, messages.Stepped)))[0]
+            assert stepped.version == 1 and stepped.grad_norm > 0 and node.rt.version == 1
 
         # an activation from a peer the route does not name: refused, a strike against the sender
         assert not wire.strikes[(P1, P2)]
-        await wire.send(P2, P1, {"type": "drop", "job": "g1", "route": route, "hop": 1})
+        await wire.send(P2, P1, messages.Drop(job="g1", route=route, hop=1))
         assert "the route says" in wire.strikes[(P1, P2)][0]
 
         # a fresh node joins stage 0 and loads it from the replica that holds it
         _send(fresh, _welcome(0, source="peer", source_peer=P0))
-        ready = (await _until("the fresh replica ready", lambda: _sent(fresh, "ready")))[0]
-        assert ready == {"type": "ready", "stage": 0, "version": 1}
+        ready = (await _until("the fresh replica ready", lambda: _sent(fresh, messages.Ready)))[0]
+        assert ready == messages.Ready(stage=0, version=1)
         checksums = [await n.compute.run(n.rt.checksum) for n in (first, fresh)]
         assert checksums[0] == checksums[1]
 
