@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
+from numpy.typing import DTypeLike
 
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
@@ -27,7 +28,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 T = TypeVar("T")
 
 
-class NoParams(WireRecord):
+class NoParams(WireRecord, frozen=True):
     """The params map of an encoding that takes none (must be ``{}``)."""
 
 
@@ -67,7 +68,7 @@ class PayloadReader:
             raise WireFormatError(
                 f"payload has {self.remaining} bytes, header implies {nbytes}")
 
-    def take(self, count: int, dtype: np.dtype | str, what: str) -> np.ndarray:
+    def take(self, count: int, dtype: DTypeLike, what: str) -> np.ndarray:
         """The next ``count`` items of ``dtype`` as a read-only array view."""
         dtype = np.dtype(dtype)
         nbytes = count * dtype.itemsize

@@ -121,7 +121,7 @@ def _take_log_scales(reader: PayloadReader, count: int, what: str, max_code: flo
     return decode_log_scales(ref[0], reader.take(count, np.uint8, what))
 
 
-class Int8Params(WireRecord):
+class Int8Params(WireRecord, frozen=True):
     """The header params of ``int8_rowwise``."""
 
     col_scaled: bool  # per-column log scales precede the row scales

@@ -43,7 +43,7 @@ MAX_BLOCK = 1 << 24
 _MAX_VARINT_BYTES = 5  # enough for any gap below 2**35
 
 
-class TopkParams(WireRecord):
+class TopkParams(WireRecord, frozen=True):
     """The header params of ``topk`` (bounds that depend on the tensor are checked in decode)."""
 
     k: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent (<= the tensor's elements)
@@ -206,10 +206,10 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
         gaps = varint_decode(reader.take(index_bytes, np.uint8, "index varints"), k)
         if k and int(gaps.max()) >= numel:
             raise WireFormatError("index gap beyond the tensor")
-        indices = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
-        if k and int(indices[-1]) >= numel:
-            raise WireFormatError(f"index {int(indices[-1])} beyond {numel} elements")
-        indices = indices.astype(np.int64)
+        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
+        if k and int(positions[-1]) >= numel:
+            raise WireFormatError(f"index {int(positions[-1])} beyond {numel} elements")
+        indices = positions.astype(np.int64)
 
     top = 128.0 if bits == 8 else _half(bits)
     scales = check_scales(reader.take(n_scales, "<f4", "scales"), "topk scales", max_code=top)

@@ -41,7 +41,7 @@ _NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,256}\Z"
 TensorName = Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=256)]
 
 
-class DeltaHeader(WireRecord):
+class DeltaHeader(WireRecord, frozen=True):
     """The header of a weight-delta frame (``WeightDelta.to_wire``)."""
 
     seq: Annotated[int, Meta(ge=0, le=2**63 - 1)]  # round of the stream

@@ -75,7 +75,7 @@ DtypeName = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32
 EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk"]
 
 
-class TensorHeader(WireRecord):
+class TensorHeader(WireRecord, frozen=True):
     """The header of one tensor on the wire (see the module docstring)."""
 
     v: Literal[1]  # WIRE_VERSION

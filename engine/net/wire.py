@@ -132,7 +132,11 @@ class MessageSet(Generic[M]):
         self.family = family
         self.union = union
         self.max_size = max_size
-        self.types: dict[str, type] = {msgspec.inspect.type_info(c).tag: c for c in members}
+        self.types: dict[str, type] = {}
+        for cls in members:
+            info = msgspec.inspect.type_info(cls)
+            assert isinstance(info, msgspec.inspect.StructType) and isinstance(info.tag, str)
+            self.types[info.tag] = cls
         self._json = msgspec.json.Decoder(union)
         self._msgpack = msgspec.msgpack.Decoder(union)
 
@@ -187,7 +191,7 @@ class MessageSet(Generic[M]):
 
         Temporary (for callers that still handle dicts); new code decodes to structs.
         """
-        return to_dict(self.convert(value))
+        return msgspec.to_builtins(self.convert(value))
 
 
 def encode_json(message: msgspec.Struct) -> str:

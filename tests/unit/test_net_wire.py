@@ -10,11 +10,11 @@ from engine.net.errors import ProtocolViolation
 from engine.net.wire import Finite, MessageSet, WireMessage, WireRecord, unbounded_float_fields
 
 
-class _Bounded(WireMessage, tag="bounded"):
+class _Bounded(WireMessage, frozen=True, tag="bounded"):
     x: Annotated[float, msgspec.Meta(ge=-1e4, le=1e4)]
 
 
-class _Wide(WireMessage, tag="wide"):
+class _Wide(WireMessage, frozen=True, tag="wide"):
     x: Finite
 
 
