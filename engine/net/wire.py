@@ -191,7 +191,7 @@ class MessageSet(Generic[M]):
 
         Temporary (for callers that still handle dicts); new code decodes to structs.
         """
-        return msgspec.to_builtins(self.convert(value))
+        return to_dict(self.convert(value))  # type: ignore[arg-type]
 
 
 def encode_json(message: msgspec.Struct) -> str:
@@ -205,6 +205,6 @@ def encode_msgpack(message: msgspec.Struct) -> bytes:
 
 
 def to_dict(message: msgspec.Struct) -> dict[str, Any]:
-    """A message as plain builtins (dicts, lists, str, int, float, bool, None)."""
-    return msgspec.to_builtins(message)
+    """A message as plain builtins (dicts, lists, str, int, float, bool, None; bytes stay bytes)."""
+    return msgspec.to_builtins(message, builtin_types=(bytes, bytearray, memoryview))
 
