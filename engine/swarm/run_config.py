@@ -3,8 +3,12 @@
 The coordinator owns the run: it builds a :class:`RunConfig` (from flags or its
 database), hands it to every node in the ``welcome`` message as a plain dict, and
 nodes rebuild it with :func:`run_config_from_dict`, which validates every field
-(the dict crossed a network). The RL pieces reuse the in-process configs of
-``engine.rl`` so the swarm runs the very same objective, sampling and tasks.
+(the dict crossed a network): msgspec checks types (strict: no bool for an int, no
+string for a number) and the bounds written in the field types, runs the nested
+configs' own checks, and refuses unknown keys at every level. A RunConfig built in
+code (``RunConfig(...)``, ``dataclasses.replace``) goes through the same check.
+The RL pieces reuse the in-process configs of ``engine.rl`` so the swarm runs the
+very same objective, sampling and tasks.
 
 The defaults are the tested recipe of ``engine.rl.recipe`` (the task the shipped base
 was warmed up on, its sampling and batch settings), so the swarm and the
@@ -14,8 +18,12 @@ sockets or tensors.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+import threading
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Annotated, Any, Literal, Mapping, get_args, get_type_hints
+
+import msgspec
+from msgspec import Meta
 
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
@@ -23,9 +31,13 @@ from engine.rl.rollout import SamplingConfig
 from engine.rl.tasks import TaskConfig
 
 #: activation encodings a run may choose (engine.net.tensor_codec names)
-ACTIVATION_ENCODINGS = ("fp32", "fp16", "bf16", "int8_rowwise")
+ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise"]
+ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
-UPDATE_ENCODINGS = ("int8", "topk", "fp32")
+UpdateEncoding = Literal["int8", "topk", "fp32"]
+UPDATE_ENCODINGS = get_args(UpdateEncoding)
+
+_checking = threading.local()
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class RunConfig:
       updates_per_batch: optimiser steps per batch (its rows split into this many mini-batches);
         with more than one, a forward-only pass first records the proximal log-probs of every
         row under the weights at the start of the batch (decoupled PPO's anchor).
-      max_staleness: rollouts more than this many versions behind are dropped.
+      max_staleness: rollouts more than this many policy versions behind are dropped (unit: versions).
       lr: AdamW learning rate on every stage.
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
       activation_encoding: how activations and their gradients travel between stages.
@@ -62,80 +74,82 @@ class RunConfig:
       checkpoint_every_versions: stage leaders write a stage checkpoint this often.
       max_versions: the run stops training after this version (0 = never).
       seed: seeds the coordinator's prompt stream and the nodes' samplers.
+
+    The bounds are in the field types (``Annotated[..., Meta(...)]``): one place, checked
+    on every construction.
     """
 
     task: TaskConfig = field(default_factory=lambda: BASE_TASK)
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(scale_by_std=True))
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=8))
-    group_size: int = 16
-    prompts_per_step: int = 32
-    micro_batch_rows: int = 128
-    updates_per_batch: int = 4
-    max_staleness: int = 4
-    lr: float = 3e-4  # measured in the swarm demo (12.5% -> 100% in 483 s); the in-process recipe uses 2.5e-4
-    max_grad_norm: float = 1.0
-    activation_encoding: str = "int8_rowwise"
-    update_encoding: str = "int8"
-    update_topk_fraction: float = 0.02
-    prompts_per_job: int = 8
-    generations_in_flight: int = 8  # two WebRTC hops per token need several jobs to keep both stages busy
-    eval_every_versions: int = 20
-    checkpoint_every_versions: int = 5
-    max_versions: int = 0
-    seed: int = 0
+    group_size: Annotated[int, Meta(ge=2, le=256)] = 16
+    prompts_per_step: Annotated[int, Meta(ge=1, le=4096)] = 32
+    micro_batch_rows: Annotated[int, Meta(ge=1, le=4096)] = 128
+    updates_per_batch: Annotated[int, Meta(ge=1, le=64)] = 4
+    max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 4
+    # measured in the swarm demo (12.5% -> 100% in 483 s); the in-process recipe uses 2.5e-4
+    lr: Annotated[float, Meta(gt=0.0, lt=1.0)] = 3e-4
+    max_grad_norm: Annotated[float, Meta(ge=0.0, lt=1e6)] = 1.0
+    activation_encoding: ActivationEncoding = "int8_rowwise"
+    update_encoding: UpdateEncoding = "int8"
+    update_topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
+    prompts_per_job: Annotated[int, Meta(ge=1, le=256)] = 8
+    # two WebRTC hops per token need several jobs to keep both stages busy
+    generations_in_flight: Annotated[int, Meta(ge=1, le=64)] = 8
+    eval_every_versions: Annotated[int, Meta(ge=0, le=100_000)] = 20
+    checkpoint_every_versions: Annotated[int, Meta(ge=1, le=100_000)] = 5
+    max_versions: Annotated[int, Meta(ge=0, le=10**9)] = 0
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
 
     def __post_init__(self) -> None:
-        checks = [
-            (2 <= self.group_size <= 256, "group_size must be in [2, 256]"),
-            (1 <= self.prompts_per_step <= 4096, "prompts_per_step must be in [1, 4096]"),
-            (1 <= self.micro_batch_rows <= 4096, "micro_batch_rows must be in [1, 4096]"),
-            (1 <= self.updates_per_batch <= 64, "updates_per_batch must be in [1, 64]"),
-            (0 <= self.max_staleness <= 1000, "max_staleness must be in [0, 1000]"),
-            (0.0 < self.lr < 1.0, "lr must be in (0, 1)"),
-            (0.0 <= self.max_grad_norm < 1e6, "max_grad_norm must be in [0, 1e6)"),
-            (self.activation_encoding in ACTIVATION_ENCODINGS,
-             f"activation_encoding must be one of {ACTIVATION_ENCODINGS}"),
-            (self.update_encoding in UPDATE_ENCODINGS, f"update_encoding must be one of {UPDATE_ENCODINGS}"),
-            (0.0 < self.update_topk_fraction <= 1.0, "update_topk_fraction must be in (0, 1]"),
-            (1 <= self.generations_in_flight <= 64, "generations_in_flight must be in [1, 64]"),
-            (1 <= self.prompts_per_job <= 256, "prompts_per_job must be in [1, 256]"),
-            (0 <= self.eval_every_versions <= 100000, "eval_every_versions must be >= 0"),
-            (1 <= self.checkpoint_every_versions <= 100000, "checkpoint_every_versions must be >= 1"),
-            (0 <= self.max_versions <= 10**9, "max_versions must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        if getattr(_checking, "active", False):
+            return  # this instance is the one msgspec builds while checking another
+        _checking.active = True
+        try:
+            _decode(_plain(self))
+        finally:
+            _checking.active = False
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["task"]["reward"] = self.task.reward.value
-        return out
+        return _plain(self)
 
 
-def _build(cls, data: Any, what: str):
+def _plain(config: RunConfig) -> dict[str, Any]:
+    out = asdict(config)
+    out["task"]["reward"] = config.task.reward.value
+    return out
+
+
+def _decode(data: dict[str, Any]) -> RunConfig:
+    """Typed decode of a plain run-config map. Through JSON on purpose: msgspec writes NaN
+    and inf as null, which no float field accepts, so non-finite values are refused at every
+    level (the nested engine.rl configs have unbounded floats)."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(data), type=RunConfig)
+    except (msgspec.ValidationError, msgspec.EncodeError) as exc:
+        raise ValueError(f"run config: {exc}") from None
+
+
+def _refuse_unknown(data: Any, cls: type, what: str) -> None:
+    """msgspec ignores unknown keys of dataclasses: refuse them here, at every level."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{what} must be an object")
-    known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
-        raise ValueError(f"{what}: unknown fields {sorted(unknown)}")
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        raise ValueError(f"{what}: unknown fields {unknown}")
+    hints = get_type_hints(cls)
+    for name, value in data.items():
+        if is_dataclass(hints[name]):
+            _refuse_unknown(value, hints[name], name)
 
 
 def run_config_from_dict(data: Any) -> RunConfig:
     """Rebuild and validate a RunConfig that crossed the network (raises ValueError)."""
     if not isinstance(data, Mapping):
         raise ValueError("run config must be an object")
-    data = dict(data)
-    nested = {"task": TaskConfig, "objective": ObjectiveConfig, "sampling": SamplingConfig}
-    for name, cls in nested.items():
-        if name in data:
-            data[name] = _build(cls, data[name], name)
-    return _build(RunConfig, data, "run")
+    _refuse_unknown(data, RunConfig, "run")
+    return _decode(dict(data))
 
 
 def apply_overrides(config: RunConfig, assignments: list[str]) -> RunConfig:

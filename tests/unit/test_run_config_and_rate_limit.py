@@ -36,3 +36,28 @@ def test_token_bucket_holds_senders_to_the_cap():
     assert asyncio.run(send(1_000_000, 10_000, None)) < 0.1
     with pytest.raises(ValueError):
         TokenBucket(0)
+
+
+@pytest.mark.parametrize("path,value", [
+    (("lr",), float("nan")), (("objective", "kl_coef"), float("nan")), (("sampling", "temperature"), float("inf")),
+    (("group_size",), True), (("group_size",), 1), (("seed",), "7"), (("update_encoding",), "zip"),
+    (("task", "min_digits"), 2.0),
+])
+def test_run_config_refuses_non_finite_wrong_typed_and_out_of_range_values_at_every_level(path, value):
+    bad = RunConfig().to_dict()
+    target = bad
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ValueError, match=path[-1]):
+        run_config_from_dict(bad)
+
+
+def test_run_configs_built_in_code_are_checked_too():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="max_versions"):
+        dataclasses.replace(RunConfig(), max_versions=-1)
+    with pytest.raises(ValueError, match="lr"):
+        RunConfig(lr=float("nan"))
+    assert dataclasses.replace(RunConfig(), seed=3).seed == 3
