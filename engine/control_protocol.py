@@ -58,16 +58,6 @@ COMMANDS = ("start", "pause", "stop", "set_limits", "status")
 EVENTS = ("hello", "state", "status", "stats", "swarm", "log", "error")
 STATES = ("idle", "connecting", "loading", "contributing", "paused", "stopping", "error")
 
-#: limit name -> (type, minimum, maximum, meaning). ``None`` (JSON null) means "no limit".
-LIMIT_FIELDS: dict[str, tuple[type, float, float, str]] = {
-    "memory_cap_gb": (float, 0.25, 4096.0, "most device/host memory the stage may use"),
-    "cpu_threads": (int, 1, 1024, "compute threads for the backend"),
-    "gpu_fraction": (float, 0.05, 1.0, "fraction of GPU memory/compute to use"),
-    "upload_mbps": (float, 0.1, 100000.0, "upload bandwidth cap, megabits per second"),
-    "download_mbps": (float, 0.1, 100000.0, "download bandwidth cap, megabits per second"),
-}
-
-
 class ProtocolError(ValueError):
     """A control line that is not valid JSON or not a valid command/event."""
 
@@ -76,12 +66,40 @@ class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     """Base of the control structs (unknown keys refused)."""
 
 
-#: Any subset of LIMIT_FIELDS (a field left out is UNSET: "unchanged"; null: "no limit").
-Limits = msgspec.defstruct(
-    "Limits",
-    [(name, Union[Annotated[kind, Meta(ge=low, le=high, description=meaning)], None, UnsetType], UNSET)
-     for name, (kind, low, high, meaning) in LIMIT_FIELDS.items()],
-    bases=(_Strict,), module=__name__)
+class Limits(_Strict, frozen=True):
+    """Any subset of the node's resource limits: a field left out is UNSET ("unchanged"),
+    null means "no limit". The one definition of the limits; :data:`LIMIT_FIELDS` is read from it."""
+
+    memory_cap_gb: Annotated[float, Meta(ge=0.25, le=4096.0, description="most device/host memory the stage may use")
+                             ] | None | UnsetType = UNSET
+    cpu_threads: Annotated[int, Meta(ge=1, le=1024, description="compute threads for the backend")
+                           ] | None | UnsetType = UNSET
+    gpu_fraction: Annotated[float, Meta(ge=0.05, le=1.0, description="fraction of GPU memory/compute to use")
+                            ] | None | UnsetType = UNSET
+    upload_mbps: Annotated[float, Meta(ge=0.1, le=100000.0, description="upload bandwidth cap, megabits per second")
+                           ] | None | UnsetType = UNSET
+    download_mbps: Annotated[float, Meta(ge=0.1, le=100000.0,
+                                         description="download bandwidth cap, megabits per second")
+                             ] | None | UnsetType = UNSET
+
+
+def _limit_fields() -> dict[str, tuple[type, float, float, str]]:
+    mi = msgspec.inspect
+    info = mi.type_info(Limits)
+    assert isinstance(info, mi.StructType)
+    out: dict[str, tuple[type, float, float, str]] = {}
+    for f in info.fields:
+        assert isinstance(f.type, mi.UnionType)
+        meta = next(t for t in f.type.types if isinstance(t, mi.Metadata))
+        number = meta.type
+        assert isinstance(number, (mi.IntType, mi.FloatType)) and number.ge is not None and number.le is not None
+        description = (meta.extra_json_schema or {})["description"]
+        out[f.name] = (int if isinstance(number, mi.IntType) else float, number.ge, number.le, description)
+    return out
+
+
+#: limit name -> (type, minimum, maximum, meaning). ``None`` (JSON null) means "no limit".
+LIMIT_FIELDS: dict[str, tuple[type, float, float, str]] = _limit_fields()
 
 Text = Annotated[str, Meta(max_length=1000)]
 Name = Annotated[str, Meta(max_length=200)]
@@ -92,27 +110,27 @@ State = Literal["idle", "connecting", "loading", "contributing", "paused", "stop
 
 
 # ---------------------------------------------------------------- commands (supervisor -> node)
-class _Command(_Strict, tag_field="cmd"):
+class _Command(_Strict, frozen=True, tag_field="cmd"):
     """A command line: ``{"cmd": NAME, ...}``."""
 
 
-class Start(_Command, tag="start"):
+class Start(_Command, frozen=True, tag="start"):
     """Begin (or resume) contributing."""
 
 
-class Pause(_Command, tag="pause"):
+class Pause(_Command, frozen=True, tag="pause"):
     """Stop taking new work; finish or hand back what is in flight."""
 
 
-class Stop(_Command, tag="stop"):
+class Stop(_Command, frozen=True, tag="stop"):
     """Leave the swarm cleanly and exit."""
 
 
-class SetLimits(_Command, tag="set_limits"):
+class SetLimits(_Command, frozen=True, tag="set_limits"):
     limits: Limits = msgspec.field(default_factory=Limits)  # the limits to change
 
 
-class Status(_Command, tag="status"):
+class Status(_Command, frozen=True, tag="status"):
     """Ask for an immediate status event."""
 
 
@@ -120,11 +138,11 @@ Command = Union[Start, Pause, Stop, SetLimits, Status]
 
 
 # ---------------------------------------------------------------- events (node -> supervisor)
-class _Event(_Strict, tag_field="event"):
+class _Event(_Strict, frozen=True, tag_field="event"):
     t: Annotated[float, Meta(ge=0.0, le=FLOAT_MAX)]  # unix seconds when the node wrote it
 
 
-class Hello(_Event, tag="hello"):
+class Hello(_Event, frozen=True, tag="hello"):
     version: Name  # the node's software version
     peer_id: Name  # its identity
     fingerprint: Name  # its key fingerprint, for the user to compare
@@ -135,12 +153,12 @@ class Hello(_Event, tag="hello"):
     key_storage_note: Text | UnsetType = UNSET  # words about the key storage, when it needs some
 
 
-class StateEvent(_Event, tag="state"):
+class StateEvent(_Event, frozen=True, tag="state"):
     state: State  # the node's state
     detail: Text = ""  # words for the user
 
 
-class StatusEvent(_Event, tag="status"):
+class StatusEvent(_Event, frozen=True, tag="status"):
     state: State  # the node's state
     coordinator: Annotated[str, Meta(max_length=2048)] | None  # URL, or None while there is none
     stage: Annotated[int, Meta(ge=0, le=4096)] | None  # stage index served, if any
@@ -152,7 +170,7 @@ class StatusEvent(_Event, tag="status"):
     limits: Limits  # the limits in force
 
 
-class Stats(_Event, tag="stats"):
+class Stats(_Event, frozen=True, tag="stats"):
     tokens_generated: Count  # cumulative this session
     microbatches_trained: Count  # cumulative this session
     bytes_sent: Count  # on peer links, this session
@@ -165,36 +183,36 @@ class Stats(_Event, tag="stats"):
     compute_busy_fraction: Annotated[float, Meta(ge=0.0, le=1e3)] | UnsetType = UNSET  # compute thread busy share
 
 
-class EvalPoint(_Strict):
+class EvalPoint(_Strict, frozen=True):
     version: Version  # policy version evaluated
     accuracy: Annotated[float, Meta(ge=0.0, le=1.0)]  # held-out accuracy
 
 
-class RewardPoint(_Strict):
+class RewardPoint(_Strict, frozen=True):
     version: Version  # policy version
     reward: Annotated[float, Meta(ge=-1e6, le=1e6)]  # mean rollout reward
 
 
-class StageRow(_Strict):
+class StageRow(_Strict, frozen=True):
     stage: Annotated[int, Meta(ge=0, le=4096)]  # stage index
     layers: Name  # e.g. "layers 1-2 of 4"
     replicas: Annotated[int, Meta(ge=0, le=1 << 20)]  # nodes serving it
     mine: bool  # this node serves it
 
 
-class SwarmEvent(_Event, tag="swarm"):
+class SwarmEvent(_Event, frozen=True, tag="swarm"):
     policy_version: Version  # the swarm's current version
     eval: Annotated[list[EvalPoint], Meta(max_length=10_000)]  # held-out accuracy curve
     reward: Annotated[list[RewardPoint], Meta(max_length=10_000)]  # reward curve
     stages: Annotated[list[StageRow], Meta(max_length=4096)]  # the pipeline
 
 
-class LogEvent(_Event, tag="log"):
+class LogEvent(_Event, frozen=True, tag="log"):
     level: Literal["debug", "info", "warning", "error", "critical"]  # severity
     message: Annotated[str, Meta(max_length=8000)]  # a user-facing log line
 
 
-class ErrorEvent(_Event, tag="error"):
+class ErrorEvent(_Event, frozen=True, tag="error"):
     message: Annotated[str, Meta(max_length=8000)]  # what happened
     hint: Annotated[str, Meta(max_length=4000)] = ""  # what to do next
     fatal: bool = False  # the node is exiting

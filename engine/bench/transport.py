@@ -7,7 +7,10 @@ of framing), on warmed-up links in alternating rounds; small-message round trips
 ratio and error on realistic activation and update tensors, and the
 fp32-equivalent throughput it buys (measured goodput x measured ratio); and a
 tensor sent across the user-space WAN emulator at 50 ms delay, 20 Mbit/s, 1 %
-loss. The last stdout line is the JSON object with ``--json``.
+loss; and ``message_validation_ms``: decode + validate time of the largest wire
+messages with the typed structs against the old hand-written path
+(:mod:`engine.bench.message_validation`; ``--only validation`` runs just that, in
+seconds, without opening a link). The last stdout line is the JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -20,12 +23,19 @@ import time
 from typing import Any
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--mb", type=float, default=16.0, help="megabytes per throughput measurement")
     parser.add_argument("--wan-mb", type=float, default=2.0, help="megabytes sent across the emulated WAN")
     parser.add_argument("--quick", action="store_true", help="smaller transfers (about a third of the time)")
+    parser.add_argument("--only", choices=("all", "validation"), default="all",
+                        help="'validation': only the message decode + validate timings (no links, a few seconds)")
+
+
+def _validation(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.bench.message_validation import message_validation
+
+    return message_validation(budget_s=0.5 if args.quick else 1.5)
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,11 +54,17 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     wan_int8 = await wan_transfer(wan_bytes, encoding="int8_rowwise")
     return {**summary, "codecs": codecs,
             "wan": {**wan, "profile": "50 ms one way, 20 Mbit/s, 1% loss", "int8": wan_int8},
+            "message_validation_ms": _validation(args),
             "seconds": round(time.monotonic() - started, 1)}
 
 
 def _table(result: dict[str, Any]) -> str:
+    from engine.bench.message_validation import format_table
     from engine.net.codec_report import format_codec_table
+
+    validation = format_table(result["message_validation_ms"])
+    if "wan" not in result:
+        return f"{validation}\n({result['seconds']} s)"
 
     wan = result["wan"]
     return "\n".join([
@@ -62,16 +78,26 @@ def _table(result: dict[str, Any]) -> str:
         "", format_codec_table(result["codecs"]), "",
         f"emulated WAN ({wan['profile']}): {'intact' if wan['intact'] else 'CORRUPTED'}, "
         f"{wan['goodput_mb_s']:.2f} MB/s fp32; int8 {wan['int8'].get('fp32_equivalent_mb_s', 0):.2f} MB/s "
-        "fp32-equivalent",
+        "fp32-equivalent", "", validation,
         f"({result['seconds']} s)"])
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.only == "validation":
+        started = time.monotonic()
+        figures = _validation(args)
+        result: dict[str, Any] = {"message_validation_ms": figures, "seconds": round(time.monotonic() - started, 1)}
+        _print(result, args.json)
+        return 0
     result = asyncio.run(_measure(args))
-    if args.json:
+    _print(result, args.json)
+    ok = result["intact"] and result["wan"]["intact"] and result["wan"]["int8"]["intact"]
+    return 0 if ok else 1
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(_table(result), file=sys.stderr)
         print(json.dumps(result, default=float))
     else:
         print(_table(result))
-    ok = result["intact"] and result["wan"]["intact"] and result["wan"]["int8"]["intact"]
-    return 0 if ok else 1

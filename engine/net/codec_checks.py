@@ -2,56 +2,49 @@
 
 Every function here either returns a value that is safe to use (right type, in
 range, exact length) or raises :class:`~engine.net.errors.WireFormatError` with a
-reason in words. They are shared by the tensor codecs (``tensor_codec``,
-``codec_int8``, ``codec_topk``); they know nothing about encodings, sockets or
-messages beyond "a header value" and "a slice of payload bytes".
+reason in words. Header maps are decoded into typed structs (:func:`convert_params`,
+msgspec: bounds in the types, unknown keys refused); only bounds that depend on
+other fields are checked by hand (:func:`require_in_range`). Shared by the tensor
+codecs (``tensor_codec``, ``codec_int8``, ``codec_topk``) and ``shadow_delta``; they
+know nothing about encodings, sockets or messages beyond "a header value" and "a
+slice of payload bytes".
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, TypeVar
 
+import msgspec
 import numpy as np
+from numpy.typing import DTypeLike
 
 from engine.net.errors import WireFormatError
+from engine.net.wire import WireRecord
 
 #: Largest finite float32; decoded values must stay below it.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def require_int(params: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
-    """``params[key]`` as an int in ``[lo, hi]`` (bools are not ints here)."""
-    if key not in params:
-        raise WireFormatError(f"missing parameter {key!r}")
-    value = params[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise WireFormatError(f"parameter {key!r} must be an integer, got {type(value).__name__}")
+T = TypeVar("T")
+
+
+class NoParams(WireRecord, frozen=True):
+    """The params map of an encoding that takes none (must be ``{}``)."""
+
+
+def convert_params(value: Any, kind: type[T], what: str) -> T:
+    """An untrusted header map as the typed struct ``kind`` (bounds, types, no unknown keys)."""
+    try:
+        return msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise WireFormatError(f"{what}: {str(exc)[:200]}") from None
+
+
+def require_in_range(value: int, name: str, lo: int, hi: int) -> int:
+    """A bound that depends on other fields (e.g. ``k <= numel``), checked after decoding."""
     if not lo <= value <= hi:
-        raise WireFormatError(f"parameter {key!r}={value} outside [{lo}, {hi}]")
+        raise WireFormatError(f"parameter {name!r}={value} outside [{lo}, {hi}]")
     return value
-
-
-def require_choice(params: Mapping[str, Any], key: str, choices: Iterable[Any]) -> Any:
-    """``params[key]`` if it equals one of ``choices`` (compared with type, so ``True != 1``)."""
-    if key not in params:
-        raise WireFormatError(f"missing parameter {key!r}")
-    value = params[key]
-    for choice in choices:
-        if type(value) is type(choice) and value == choice:
-            return value
-    raise WireFormatError(f"parameter {key!r}={value!r:.40} is not one of {sorted(map(repr, choices))}")
-
-
-def require_exact_keys(params: Any, allowed: set[str], *, what: str = "params") -> Mapping[str, Any]:
-    """``params`` must be a dict with str keys, all of them in ``allowed``."""
-    if not isinstance(params, dict):
-        raise WireFormatError(f"{what} must be a map, got {type(params).__name__}")
-    for key in params:
-        if not isinstance(key, str):
-            raise WireFormatError(f"{what} has a non-string key")
-        if key not in allowed:
-            raise WireFormatError(f"{what} has unknown key {key!r:.40}")
-    return params
 
 
 class PayloadReader:
@@ -75,7 +68,7 @@ class PayloadReader:
             raise WireFormatError(
                 f"payload has {self.remaining} bytes, header implies {nbytes}")
 
-    def take(self, count: int, dtype: np.dtype | str, what: str) -> np.ndarray:
+    def take(self, count: int, dtype: DTypeLike, what: str) -> np.ndarray:
         """The next ``count`` items of ``dtype`` as a read-only array view."""
         dtype = np.dtype(dtype)
         nbytes = count * dtype.itemsize

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.net.codec_checks import (FLOAT32_MAX, PayloadReader, check_scales,
-                                     require_choice, require_exact_keys)
+from engine.net.codec_checks import FLOAT32_MAX, PayloadReader, check_scales, convert_params
 from engine.net.errors import WireFormatError
+from engine.net.wire import WireRecord
 
 #: Largest code; codes are in [-127, 127] (the decoder tolerates -128).
 MAX_CODE = 127
@@ -121,10 +121,15 @@ def _take_log_scales(reader: PayloadReader, count: int, what: str, max_code: flo
     return decode_log_scales(ref[0], reader.take(count, np.uint8, what))
 
 
+class Int8Params(WireRecord, frozen=True):
+    """The header params of ``int8_rowwise``."""
+
+    col_scaled: bool  # per-column log scales precede the row scales
+
+
 def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReader) -> np.ndarray:
     """Decode an untrusted payload into a flat float32 array (raises WireFormatError)."""
-    require_exact_keys(params, {"col_scaled"})
-    col_scaled = require_choice(params, "col_scaled", (True, False))
+    col_scaled = convert_params(params, Int8Params, "int8_rowwise params").col_scaled
     rows, cols = rows_and_cols(shape, numel)
     reader.expect_total(((4 + cols) if col_scaled else 0) + 4 + rows + numel)
     col_scales = _take_log_scales(reader, cols, "column scales", 1.0) if col_scaled else None

@@ -24,21 +24,33 @@ This module knows the encoding only; header checks live in ``tensor_codec``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
+from msgspec import Meta
 
-from engine.net.codec_checks import (PayloadReader, check_scales, require_choice, require_exact_keys,
-                                     require_int)
+from engine.net.codec_checks import PayloadReader, check_scales, convert_params, require_in_range
 from engine.net.errors import WireFormatError
+from engine.net.wire import WireRecord
 
-VALUE_BITS = (8, 4, 2)
-INDEX_CODINGS = ("uint32", "varint_delta")
+ValueBits = Literal[8, 4, 2]
+IndexCoding = Literal["uint32", "varint_delta"]
+VALUE_BITS = get_args(ValueBits)
+INDEX_CODINGS = get_args(IndexCoding)
 DEFAULT_FRACTION = 0.01
 DEFAULT_BLOCK = 4096
 MAX_BLOCK = 1 << 24
 _MAX_VARINT_BYTES = 5  # enough for any gap below 2**35
-_PARAM_KEYS = {"k", "value_bits", "block", "index_coding", "index_bytes"}
+
+
+class TopkParams(WireRecord, frozen=True):
+    """The header params of ``topk`` (bounds that depend on the tensor are checked in decode)."""
+
+    k: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent (<= the tensor's elements)
+    value_bits: ValueBits  # bits per quantised value
+    block: Annotated[int, Meta(ge=1, le=MAX_BLOCK)]  # values sharing one scale
+    index_coding: IndexCoding  # how the indices are written
+    index_bytes: Annotated[int, Meta(ge=0, le=_MAX_VARINT_BYTES << 40)]  # bytes of the index section
 
 
 # ------------------------------------------------------------------ varint indices
@@ -176,17 +188,13 @@ def encode(array: np.ndarray, k: int | None = None, fraction: float | None = Non
 
 def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReader) -> np.ndarray:
     """Decode an untrusted payload into a dense flat float32 array (raises WireFormatError)."""
-    params = require_exact_keys(params, _PARAM_KEYS)
-    if set(params) != _PARAM_KEYS:
-        raise WireFormatError(f"topk params lack {sorted(_PARAM_KEYS - set(params))}")
-    k = require_int(params, "k", 0, numel)
-    bits = require_choice(params, "value_bits", VALUE_BITS)
-    block = require_int(params, "block", 1, MAX_BLOCK)
-    coding = require_choice(params, "index_coding", INDEX_CODINGS)
+    typed = convert_params(params, TopkParams, "topk params")
+    k = require_in_range(typed.k, "k", 0, numel)
+    bits, block, coding = typed.value_bits, typed.block, typed.index_coding
     if coding == "uint32":
-        index_bytes = require_int(params, "index_bytes", 4 * k, 4 * k)
+        index_bytes = require_in_range(typed.index_bytes, "index_bytes", 4 * k, 4 * k)
     else:
-        index_bytes = require_int(params, "index_bytes", k, _MAX_VARINT_BYTES * k)
+        index_bytes = require_in_range(typed.index_bytes, "index_bytes", k, _MAX_VARINT_BYTES * k)
     n_scales = math.ceil(k / block) if k else 0
     reader.expect_total(index_bytes + 4 * n_scales + _code_bytes(k, bits))
 
@@ -198,10 +206,10 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
         gaps = varint_decode(reader.take(index_bytes, np.uint8, "index varints"), k)
         if k and int(gaps.max()) >= numel:
             raise WireFormatError("index gap beyond the tensor")
-        indices = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
-        if k and int(indices[-1]) >= numel:
-            raise WireFormatError(f"index {int(indices[-1])} beyond {numel} elements")
-        indices = indices.astype(np.int64)
+        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
+        if k and int(positions[-1]) >= numel:
+            raise WireFormatError(f"index {int(positions[-1])} beyond {numel} elements")
+        indices = positions.astype(np.int64)
 
     top = 128.0 if bits == 8 else _half(bits)
     scales = check_scales(reader.take(n_scales, "<f4", "scales"), "topk scales", max_code=top)

@@ -45,30 +45,30 @@ Sha256Hex = Annotated[str, Meta(max_length=64)]
 MAX_ELEMENTS = 1 << 26
 
 
-class Ping(WireMessage, tag="ping"):
+class Ping(WireMessage, frozen=True, tag="ping"):
     id: MessageId  # echoed in the pong
 
 
-class Pong(WireMessage, tag="pong"):
+class Pong(WireMessage, frozen=True, tag="pong"):
     id: MessageId  # the ping's id
 
 
-class TensorMessage(WireMessage, tag="tensor"):
+class TensorMessage(WireMessage, frozen=True, tag="tensor"):
     id: MessageId  # echoed in the ack
     tensor: Annotated[dict[str, Any], Meta(max_length=16)]  # tensor_codec header, checked by decode_tensor
 
 
-class TensorAck(WireMessage, tag="tensor_ack"):
+class TensorAck(WireMessage, frozen=True, tag="tensor_ack"):
     id: MessageId  # the tensor's id
     sha256: Sha256Hex  # of the decoded array's bytes ("" if it did not decode)
     error: Annotated[str, Meta(max_length=300)]  # why it did not decode ("" if it did)
 
 
-class Blob(WireMessage, tag="blob"):
+class Blob(WireMessage, frozen=True, tag="blob"):
     id: MessageId  # echoed in the ack
 
 
-class BlobAck(WireMessage, tag="blob_ack"):
+class BlobAck(WireMessage, frozen=True, tag="blob_ack"):
     id: MessageId  # the blob's id
     sha256: Annotated[str, Meta(min_length=64, max_length=64)]  # of the payload
 

@@ -18,16 +18,18 @@ What this module does not know: links, framing, or where weights come from.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import numpy as np
+from msgspec import Meta
 
-from engine.net.codec_checks import require_exact_keys
+from engine.net.codec_checks import convert_params
 from engine.net.errors import WireFormatError
 from engine.net.tensor_codec import DEFAULT_MAX_ELEMENTS, EncodedTensor, decode_tensor, encode_tensor
+from engine.net.wire import WireRecord
+
 
 class OutOfSequence(WireFormatError):
     """A delta that does not follow the last one applied: the shadows no longer agree."""
@@ -35,7 +37,17 @@ class OutOfSequence(WireFormatError):
 
 #: Most tensors in one delta message.
 MAX_TENSORS = 4096
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,256}\Z")
+_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,256}\Z"
+TensorName = Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=256)]
+
+
+class DeltaHeader(WireRecord, frozen=True):
+    """The header of a weight-delta frame (``WeightDelta.to_wire``)."""
+
+    seq: Annotated[int, Meta(ge=0, le=2**63 - 1)]  # round of the stream
+    # [name, tensor_codec header (checked by decode_tensor), payload bytes] per tensor
+    tensors: Annotated[list[tuple[TensorName, dict[str, Any], Annotated[int, Meta(ge=0, le=1 << 40)]]],
+                       Meta(max_length=MAX_TENSORS)]
 
 
 @dataclass(frozen=True)
@@ -57,26 +69,17 @@ class WeightDelta:
     @classmethod
     def from_wire(cls, header: Any, payload: Any) -> "WeightDelta":
         """Parse an untrusted frame (tensor headers are checked later by the receiver)."""
-        header = require_exact_keys(header, {"seq", "tensors"}, what="weight delta header")
-        seq, entries = header.get("seq"), header.get("tensors")
-        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2 ** 63:
-            raise WireFormatError("weight delta seq must be a non-negative integer")
-        if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
-            raise WireFormatError(f"weight delta tensors must be a list of at most {MAX_TENSORS}")
+        typed = convert_params(header, DeltaHeader, "weight delta header")
+        seq = typed.seq
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise WireFormatError("weight delta payload must be bytes")
         view = memoryview(payload).cast("B") if isinstance(payload, memoryview) else memoryview(payload)
         tensors: dict[str, EncodedTensor] = {}
         offset = 0
-        for entry in entries:
-            if not isinstance(entry, list) or len(entry) != 3:
-                raise WireFormatError("weight delta entry must be [name, header, nbytes]")
-            name, tensor_header, nbytes = entry
-            if not isinstance(name, str) or not _NAME_RE.match(name) or name in tensors:
-                raise WireFormatError(f"bad or repeated tensor name {str(name)[:40]!r}")
-            if not isinstance(tensor_header, dict):
-                raise WireFormatError(f"{name}: tensor header must be a map")
-            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= view.nbytes - offset:
+        for name, tensor_header, nbytes in typed.tensors:
+            if name in tensors:
+                raise WireFormatError(f"repeated tensor name {name[:40]!r}")
+            if nbytes > view.nbytes - offset:
                 raise WireFormatError(f"{name}: payload size out of range")
             tensors[name] = EncodedTensor(tensor_header, bytes(view[offset:offset + nbytes]))
             offset += nbytes

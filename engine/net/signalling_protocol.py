@@ -46,13 +46,13 @@ SignalKind = Literal["offer", "answer", "reject"]
 
 
 # ---------------------------------------------------------------- client -> server
-class Register(WireMessage, tag="register"):
+class Register(WireMessage, frozen=True, tag="register"):
     peer_id: PeerId  # hash of public_key
     public_key: B64Key  # base64 Ed25519 public key
     signature: B64Signature  # base64, over registration_bytes(nonce, public key)
 
 
-class SendSignal(WireMessage, tag="signal"):
+class SendSignal(WireMessage, frozen=True, tag="signal"):
     to: PeerId  # the recipient
     kind: SignalKind  # offer | answer | reject
     session: SessionId  # hex id of the WebRTC session this signal belongs to
@@ -61,16 +61,16 @@ class SendSignal(WireMessage, tag="signal"):
 
 
 # ---------------------------------------------------------------- server -> client
-class Challenge(WireMessage, tag="challenge"):
+class Challenge(WireMessage, frozen=True, tag="challenge"):
     nonce: Annotated[str, Meta(min_length=NONCE_HEX_CHARS, max_length=NONCE_HEX_CHARS)]  # hex, to sign
     protocol: Annotated[int, Meta(ge=PROTOCOL_VERSION, le=PROTOCOL_VERSION)]  # PROTOCOL_VERSION
 
 
-class Registered(WireMessage, tag="registered"):
+class Registered(WireMessage, frozen=True, tag="registered"):
     peer_id: PeerId  # the id the server registered
 
 
-class DeliveredSignal(WireMessage, tag="signal"):
+class DeliveredSignal(WireMessage, frozen=True, tag="signal"):
     to: PeerId  # the recipient (must be us)
     kind: SignalKind  # offer | answer | reject
     session: SessionId  # hex session id
@@ -80,7 +80,7 @@ class DeliveredSignal(WireMessage, tag="signal"):
     from_key: B64Key  # the sender's key the server verified at registration
 
 
-class Error(WireMessage, tag="error"):
+class Error(WireMessage, frozen=True, tag="error"):
     reason: Annotated[str, Meta(max_length=500)]  # in words
     session: Annotated[str, Meta(max_length=64)] | None = None  # the session of the refused signal
     to: Annotated[str, Meta(max_length=64)] | None = None  # the recipient of the refused signal

@@ -19,8 +19,9 @@ encoding       lossless payload
 ``topk``       no       k largest-magnitude entries, quantised; see ``codec_topk``
 ============== ======== =====================================================
 
-:func:`decode_tensor` treats header and payload as hostile: every field is
-type- and range-checked, the element count is capped *before* anything is
+:func:`decode_tensor` treats header and payload as hostile: the header is decoded
+into :class:`TensorHeader` (typed, bounded, unknown keys refused), every codec's
+params into its own struct, the element count is capped *before* anything is
 allocated, the payload must have exactly the implied length, and (unless asked
 otherwise) float results must be finite. Any failure is a
 :class:`~engine.net.errors.WireFormatError` with a reason.
@@ -32,15 +33,17 @@ message carries (the caller passes ``expected_shape``/``expected_dtype``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import ml_dtypes
 import msgpack
 import numpy as np
+from msgspec import Meta
 
 from engine.net import codec_int8, codec_topk
-from engine.net.codec_checks import PayloadReader, require_exact_keys
+from engine.net.codec_checks import NoParams, PayloadReader, convert_params
 from engine.net.errors import WireFormatError
+from engine.net.wire import WireRecord
 
 #: Version of the header layout; bumped on incompatible changes.
 WIRE_VERSION = 1
@@ -65,7 +68,21 @@ DTYPES: dict[str, np.dtype] = {
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 _FP16_MAX = float(np.finfo(np.float16).max)
 _BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
-_HEADER_KEYS = {"v", "dtype", "shape", "encoding", "params"}
+
+#: wire names of DTYPES and of the encodings (unit-tested to match DTYPES and _CODECS)
+DtypeName = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8",
+                    "bool"]
+EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk"]
+
+
+class TensorHeader(WireRecord, frozen=True):
+    """The header of one tensor on the wire (see the module docstring)."""
+
+    v: Literal[1]  # WIRE_VERSION
+    dtype: DtypeName  # logical dtype
+    shape: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 62)]], Meta(max_length=MAX_NDIM)]  # dimensions
+    encoding: EncodingName  # how the payload is written
+    params: Annotated[dict[str, Any], Meta(max_length=16)]  # the encoding's params, checked by its codec
 
 
 @dataclass(frozen=True)
@@ -111,7 +128,7 @@ def _encode_raw(array: np.ndarray, params: dict) -> tuple[dict, bytes]:
 
 def _decode_raw(shape: tuple[int, ...], numel: int, dtype: str, params: Any,
                 reader: PayloadReader) -> np.ndarray:
-    require_exact_keys(params, set())
+    convert_params(params, NoParams, "raw params")
     np_dtype = DTYPES[dtype]
     reader.expect_total(numel * np_dtype.itemsize)
     if dtype == "bool":
@@ -138,7 +155,7 @@ def _encode_float(wire_dtype: np.dtype, limit: float | None) -> Callable[[np.nda
 def _decode_float(wire_dtype: np.dtype) -> Callable[..., np.ndarray]:
     def decode(shape: tuple[int, ...], numel: int, dtype: str, params: Any,
                reader: PayloadReader) -> np.ndarray:
-        require_exact_keys(params, set())
+        convert_params(params, NoParams, f"{wire_dtype} params")
         reader.expect_total(numel * wire_dtype.itemsize)
         if wire_dtype == DTYPES["bfloat16"]:
             bits = reader.take(numel, "<u2", "bf16 values")
@@ -242,35 +259,15 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
 
 
 def _validate_header(header: Any, max_elements: int) -> tuple[list[int], str, str, Any]:
-    header = require_exact_keys(header, _HEADER_KEYS, what="tensor header")
-    missing = _HEADER_KEYS - header.keys()
-    if missing:
-        raise WireFormatError(f"tensor header lacks {sorted(missing)}")
-    version = header["v"]
-    if isinstance(version, bool) or version != WIRE_VERSION:
-        raise WireFormatError(f"tensor header version {version!r:.20} unsupported (want {WIRE_VERSION})")
-    dtype, encoding = header["dtype"], header["encoding"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise WireFormatError(f"unknown dtype {dtype!r:.40}")
-    if not isinstance(encoding, str) or encoding not in _CODECS:
-        raise WireFormatError(f"unknown encoding {encoding!r:.40}")
-    if _CODECS[encoding].float_only and dtype not in FLOAT_DTYPES:
-        raise WireFormatError(f"encoding {encoding} cannot carry dtype {dtype}")
-    shape = header["shape"]
-    if not isinstance(shape, (list, tuple)):
-        raise WireFormatError(f"shape must be a list, got {type(shape).__name__}")
-    if len(shape) > MAX_NDIM:
-        raise WireFormatError(f"shape has {len(shape)} dims, at most {MAX_NDIM} allowed")
+    typed = convert_params(header, TensorHeader, "tensor header")
+    if _CODECS[typed.encoding].float_only and typed.dtype not in FLOAT_DTYPES:
+        raise WireFormatError(f"encoding {typed.encoding} cannot carry dtype {typed.dtype}")
     numel = 1
-    for dim in shape:
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise WireFormatError("shape entries must be integers")
-        if dim < 0:
-            raise WireFormatError(f"negative dimension {dim}")
+    for dim in typed.shape:
         numel *= dim
         if numel > max_elements:
-            raise WireFormatError(f"tensor of shape {list(shape)[:MAX_NDIM]} exceeds {max_elements} elements")
-    return list(shape), dtype, encoding, header["params"]
+            raise WireFormatError(f"tensor of shape {typed.shape} exceeds {max_elements} elements")
+    return typed.shape, typed.dtype, typed.encoding, typed.params
 
 
 def _as_byte_view(payload: Any) -> memoryview:

@@ -96,7 +96,7 @@ TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
 OpaqueMap = Annotated[dict[str, Any], Meta(max_length=256)]
 
 
-class GenParams(WireRecord):
+class GenParams(WireRecord, frozen=True):
     """How the last stage samples a generation job (travels with every generation step)."""
 
     max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)]  # completion budget incl. EOS
@@ -107,11 +107,11 @@ class GenParams(WireRecord):
 
 
 # ---------------------------------------------------------------- coordinator -> node
-class Challenge(WireMessage, tag="challenge"):
+class Challenge(WireMessage, frozen=True, tag="challenge"):
     nonce: Annotated[str, Meta(min_length=16, max_length=128)]  # hex the node signs in its hello
 
 
-class Welcome(WireMessage, tag="welcome"):
+class Welcome(WireMessage, frozen=True, tag="welcome"):
     stage: StageIndex  # the stage this node serves
     num_stages: StageCount  # stages in the pipeline
     layer_start: LayerIndex  # first layer of the stage (inclusive)
@@ -126,20 +126,20 @@ class Welcome(WireMessage, tag="welcome"):
     signal_url: Annotated[str, Meta(min_length=1, max_length=2048)]  # signalling websocket URL
 
 
-class Members(WireMessage, tag="members"):
+class Members(WireMessage, frozen=True, tag="members"):
     stages: Annotated[list[PeerList], Meta(max_length=MAX_STAGES)]  # peer ids per stage
     version: Version  # current policy version
     inference: PeerList = []  # the members that are inference replicas (the rest train)
 
 
-class Gen(WireMessage, tag="gen"):
+class Gen(WireMessage, frozen=True, tag="gen"):
     job: JobId  # generation job id
     route: Route  # one peer per stage
     prompt_ids: TokenRows  # prompt token ids, one row per sequence
     params: GenParams  # sampling settings
 
 
-class TrainIn(WireMessage, tag="train_in"):
+class TrainIn(WireMessage, frozen=True, tag="train_in"):
     step: Step  # optimiser step the micro-batch belongs to
     mb: MicroBatch  # micro-batch index in the step
     route: Route  # one peer per stage
@@ -147,7 +147,7 @@ class TrainIn(WireMessage, tag="train_in"):
     prox: bool = False  # forward only, for the proximal log-probs before the first update
 
 
-class TrainOut(WireMessage, tag="train_out"):
+class TrainOut(WireMessage, frozen=True, tag="train_out"):
     step: Step  # optimiser step the micro-batch belongs to
     mb: MicroBatch  # micro-batch index in the step
     route: Route  # one peer per stage
@@ -160,7 +160,7 @@ class TrainOut(WireMessage, tag="train_out"):
     proximal: FloatRows | None = None  # proximal log-probs (decoupled PPO's anchor)
 
 
-class Apply(WireMessage, tag="apply"):
+class Apply(WireMessage, frozen=True, tag="apply"):
     step: Step  # the step whose gradients are complete
     version: Version  # the version the stage has after applying it
     # the stage's trainers, sorted; the first one leads the stage
@@ -169,15 +169,15 @@ class Apply(WireMessage, tag="apply"):
     inference: PeerList = []  # the stage's inference replicas, which the leader streams deltas to
 
 
-class Abort(WireMessage, tag="abort"):
+class Abort(WireMessage, frozen=True, tag="abort"):
     step: Step  # drop everything of this step
 
 
-class Sync(WireMessage, tag="sync"):
+class Sync(WireMessage, frozen=True, tag="sync"):
     source_peer: PeerId  # fetch full weights from this peer
 
 
-class Shutdown(WireMessage, tag="shutdown"):
+class Shutdown(WireMessage, frozen=True, tag="shutdown"):
     reason: Reason  # words for the user
 
 
@@ -185,7 +185,7 @@ CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, TrainIn, TrainOut, A
 
 
 # ---------------------------------------------------------------- node -> coordinator
-class Hello(WireMessage, tag="hello"):
+class Hello(WireMessage, frozen=True, tag="hello"):
     peer_id: PeerId  # hash of public_key
     public_key: Annotated[str, Meta(min_length=1, max_length=128)]  # base64 Ed25519 key
     signature: Annotated[str, Meta(min_length=1, max_length=256)]  # base64, over the challenge
@@ -200,24 +200,24 @@ class Hello(WireMessage, tag="hello"):
     role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
 
 
-class Ready(WireMessage, tag="ready"):
+class Ready(WireMessage, frozen=True, tag="ready"):
     stage: StageIndex  # the stage now loaded
     version: Version  # its weights' version
 
 
-class GenDone(WireMessage, tag="gen_done"):
+class GenDone(WireMessage, frozen=True, tag="gen_done"):
     job: JobId  # the finished job
     tokens: TokenRows  # sampled completion ids per row
     logprobs: FloatRows  # their behaviour log-probs
     versions: Versions  # policy version of each stage that generated
 
 
-class JobFailed(WireMessage, tag="job_failed"):
+class JobFailed(WireMessage, frozen=True, tag="job_failed"):
     job: JobId  # the job given up
     reason: Reason  # why, in words
 
 
-class MbLoss(WireMessage, tag="mb_loss"):
+class MbLoss(WireMessage, frozen=True, tag="mb_loss"):
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch index
     loss: Annotated[float, Meta(ge=-1e6, le=1e6)]  # summed, normalised loss of the micro-batch
@@ -227,24 +227,24 @@ class MbLoss(WireMessage, tag="mb_loss"):
     clipped_fraction: Fraction  # share of tokens where the PPO clip was active
 
 
-class MbDone(WireMessage, tag="mb_done"):
+class MbDone(WireMessage, frozen=True, tag="mb_done"):
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch whose backward pass reached stage 0
 
 
-class ProxDone(WireMessage, tag="prox_done"):
+class ProxDone(WireMessage, frozen=True, tag="prox_done"):
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch index
     logprobs: FloatRows  # proximal log-probs of its targets
 
 
-class MbFailed(WireMessage, tag="mb_failed"):
+class MbFailed(WireMessage, frozen=True, tag="mb_failed"):
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch index
     reason: Reason  # why, in words
 
 
-class Stepped(WireMessage, tag="stepped"):
+class Stepped(WireMessage, frozen=True, tag="stepped"):
     step: Step  # the applied step
     version: Version  # the stage's version after it
     grad_norm: Annotated[float, Meta(ge=0.0, le=1e12)]  # stage gradient norm before clipping
@@ -254,7 +254,7 @@ class Stepped(WireMessage, tag="stepped"):
     checkpoint_path: FilePath | None  # stage checkpoint written at this step, if any
 
 
-class StreamReport(WireRecord):
+class StreamReport(WireRecord, frozen=True):
     """One inference replica's weight delta sent by a stage leader."""
 
     peer: PeerId  # the replica
@@ -264,19 +264,19 @@ class StreamReport(WireRecord):
     residual_max_abs: Annotated[float, Meta(ge=0.0, le=1e30)]  # largest quantisation residual
 
 
-class Streamed(WireMessage, tag="streamed"):
+class Streamed(WireMessage, frozen=True, tag="streamed"):
     version: Version  # the version streamed
     streams: Annotated[list[StreamReport], Meta(min_length=1, max_length=MAX_PEERS)]  # one per replica
 
 
-class Served(WireMessage, tag="served"):
+class Served(WireMessage, frozen=True, tag="served"):
     version: Version  # the version this inference replica now generates with
     checksum: Checksum  # of its weights
     source: PeerId  # the leader they came from
     full: bool  # a full load (True) or a delta (False)
 
 
-class Report(WireMessage, tag="report"):
+class Report(WireMessage, frozen=True, tag="report"):
     tokens_generated: Count  # cumulative this session
     microbatches_trained: Count  # cumulative this session
     bytes_sent: Count  # on peer links
@@ -289,7 +289,7 @@ NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, Prox
 
 
 # ---------------------------------------------------------------- node <-> node (msgpack)
-class TensorEntry(WireRecord):
+class TensorEntry(WireRecord, frozen=True):
     """One named tensor of a bundle; its bytes follow the previous entry's in the payload."""
 
     name: Annotated[str, Meta(min_length=1, max_length=200)]  # parameter name
@@ -297,7 +297,7 @@ class TensorEntry(WireRecord):
     nbytes: Annotated[int, Meta(ge=0, le=1 << 31)]  # its payload bytes
 
 
-class Act(WireMessage, tag="act"):
+class Act(WireMessage, frozen=True, tag="act"):
     """Activations forward (a generation step or a training micro-batch)."""
 
     kind: Literal["gen", "train", "prox"]  # what the activations are for
@@ -311,7 +311,7 @@ class Act(WireMessage, tag="act"):
     params: GenParams | None = None  # sampling settings (generation)
 
 
-class Tok(WireMessage, tag="tok"):
+class Tok(WireMessage, frozen=True, tag="tok"):
     """Sampled tokens back to stage 0."""
 
     job: JobId  # generation job
@@ -319,13 +319,13 @@ class Tok(WireMessage, tag="tok"):
     done: bool  # the job is finished: free the caches
 
 
-class Drop(WireMessage, tag="drop"):
+class Drop(WireMessage, frozen=True, tag="drop"):
     job: JobId  # the job whose caches to free
     route: Route  # one peer per stage
     hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
 
 
-class Grad(WireMessage, tag="grad"):
+class Grad(WireMessage, frozen=True, tag="grad"):
     """Gradient of a stage's input, backwards along a training route."""
 
     job: JobId  # micro-batch key
@@ -336,21 +336,21 @@ class Grad(WireMessage, tag="grad"):
     mb: MicroBatch  # micro-batch index
 
 
-class Share(WireMessage, tag="share"):
+class Share(WireMessage, frozen=True, tag="share"):
     """Compressed gradients between replicas of one stage."""
 
     step: Step  # optimiser step
     tensors: Annotated[list[TensorEntry], Meta(max_length=4096)]  # one per parameter
 
 
-class WeightsReq(WireMessage, tag="weights_req"):
+class WeightsReq(WireMessage, frozen=True, tag="weights_req"):
     """Ask for full weights of a stage (a replica that joins or resyncs)."""
 
     stage: StageIndex  # the stage wanted
     stream: bool = False  # inference replicas: also start a weight-delta stream from these weights
 
 
-class Weights(WireMessage, tag="weights"):
+class Weights(WireMessage, frozen=True, tag="weights"):
     stage: StageIndex  # the stage sent
     version: Version  # its version
     config: OpaqueMap  # model config (HF dict), checked by the model loader
@@ -358,7 +358,7 @@ class Weights(WireMessage, tag="weights"):
     stream: StreamId | None = None  # the weight-delta stream that starts from exactly these weights
 
 
-class WDelta(WireMessage, tag="wdelta"):
+class WDelta(WireMessage, frozen=True, tag="wdelta"):
     """A quantised weight delta of stream ``stream``."""
 
     stage: StageIndex  # the stage
@@ -367,7 +367,7 @@ class WDelta(WireMessage, tag="wdelta"):
     delta: OpaqueMap  # engine.net.shadow_delta wire header, checked there
 
 
-class WLead(WireMessage, tag="wlead"):
+class WLead(WireMessage, frozen=True, tag="wlead"):
     """I lead your stage now and hold no stream for you: fetch full weights from me."""
 
     stage: StageIndex  # the stage

@@ -7,9 +7,22 @@ replica over WebRTC), then serve jobs until told to stop. If the coordinator
 goes away the node keeps its weights and reconnects with backoff; links to
 other nodes are peer-to-peer and survive. A node is a trainer or (with
 ``NodeConfig.inference_only``) an inference replica that only generates and
-follows its stage leader's weight stream (``engine.swarm.inference_replica``).
+follows its stage leader's weight stream.
 
-Threads: this object lives on the asyncio loop; the stage lives on a
+:class:`Node` is the composition root: it builds the collaborators, applies
+welcomes (loading), and dispatches each validated message through a table
+keyed by its type. The collaborators share a
+:class:`~engine.swarm.node_context.NodeContext` and never touch each other:
+
+* ``engine.swarm.coordinator_session`` - websocket, hello, welcome, reconnect/backoff;
+* ``engine.swarm.peer_links`` - signalling, WebRTC links, bandwidth caps, send deadlines;
+* ``engine.swarm.generation`` - KV-cached generation jobs, hops, sampling on the last stage;
+* ``engine.swarm.training`` - micro-batch forward/backward, proximal passes;
+* ``engine.swarm.replica_step`` - gradient shares, the optimiser step, weights between replicas;
+* ``engine.swarm.weight_stream_leader`` / ``engine.swarm.inference_replica`` - the weight stream;
+* ``engine.swarm.node_status`` - reports to the coordinator, events to the supervisor.
+
+Threads: everything here lives on the asyncio loop; the stage lives on a
 :class:`~engine.swarm.compute_thread.ComputeThread` and is only touched there.
 Messages from peers are validated (``engine.swarm.messages``) and accepted only
 from the peer the route says should send them.
@@ -21,45 +34,33 @@ or how tensors are computed (``engine.swarm.stage_runtime``).
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
-import secrets
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
-
-import aiohttp
-import numpy as np
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from backends.base import OptimizerConfig, StageSpec
-from engine import __version__
-from engine.net.errors import LinkClosed, ProtocolViolation
+from engine.net.errors import ProtocolViolation
 from engine.net.identity import Identity
-from engine.net.peer_link import LinkConfig, PeerLink
-from engine.net.peer_manager import PeerManager, PeerManagerConfig
-from engine.net.signalling import SignallingClient
-from engine.net.tensor_codec import decode_tensor, encode_tensor
-from engine.swarm import messages, tensor_bundle
+from engine.swarm import messages
 from engine.swarm.compute_thread import ComputeThread
-from engine.swarm.inference_replica import InferenceReplica
-from engine.swarm.node_jobs import NodeJobs
-from engine.swarm.rate_limit import TokenBucket
-from engine.swarm.replica_sync import ReplicaCompressor
-from engine.swarm.run_config import RunConfig, run_config_from_dict
+from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
+from engine.swarm.generation import Generation
+from engine.swarm.inference_replica import TRAINING_MESSAGES, InferenceReplica
+from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
+from engine.swarm.node_status import NodeStatus
+from engine.swarm.peer_links import PeerLinks
+from engine.swarm.pipeline_hops import check_hop, decode_activation
+from engine.swarm.replica_step import ReplicaStep
+from engine.swarm.run_config import run_config_from_dict
+from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer
 from engine.swarm.stage_runtime import StageRuntime
+from engine.swarm.training import Training
+from engine.swarm.weight_stream_leader import WeightStreamLeader
+
+__all__ = ["Node", "NodeConfig", "hello_bytes"]  # hello_bytes: the coordinator verifies hellos with it
 
 log = logging.getLogger(__name__)
-
-#: most elements of one activation tensor a node decodes (rows x tokens x hidden)
-MAX_ACTIVATION_ELEMENTS = 1 << 26
-HELLO_DOMAIN = b"polis-node-hello\x00"
-
-
-def hello_bytes(nonce: str, public_key: bytes) -> bytes:
-    """What a node signs to prove its identity to the coordinator."""
-    return HELLO_DOMAIN + nonce.encode() + b"\x00" + public_key
 
 
 @dataclass(frozen=True)
@@ -96,78 +97,95 @@ class NodeConfig:
     inference_only: bool = False
 
 
-@dataclass
-class _LastStageJob:
-    """What the last stage accumulates while a generation job decodes."""
-
-    rows: int
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    finished: np.ndarray
-    versions: list[int]
-    steps: int = 0
-
-
-@dataclass
-class _TrainSlot:
-    """Last stage: a micro-batch waits for its activations and its targets."""
-
-    act: tuple[dict, np.ndarray] | None = None
-    out: dict | None = None
-    created: float = field(default_factory=time.monotonic)
-
-
-class Node(NodeJobs, InferenceReplica):
+class Node:
     """One contributor's stage. ``await node.run()`` until :meth:`request_stop`.
 
-    Connection, loading and links are here; what each job message does is in
-    :class:`~engine.swarm.node_jobs.NodeJobs`; the weight stream to and from inference
-    replicas is in :class:`~engine.swarm.inference_replica.InferenceReplica`.
+    ``peers`` / ``coordinator``: other senders than the real links and session (tests
+    wire nodes together in memory with them); ``run`` needs the real ones.
     """
 
-    def __init__(self, config: NodeConfig, identity: Identity,
-                 on_event: Callable[..., None] | None = None) -> None:
+    def __init__(self, config: NodeConfig, identity: Identity, on_event: Callable[..., None] | None = None, *,
+                 peers: PeerSender | None = None, coordinator: CoordinatorSender | None = None) -> None:
         self.config = config
         self.identity = identity
         self.emit = on_event or (lambda event, **fields: None)
+        self.role = "inference" if config.inference_only else "trainer"
         self.compute = ComputeThread(name=f"polis-compute-{identity.peer_id[:8]}")
-        self.rt: StageRuntime | None = None
-        self.run_cfg: RunConfig | None = None
-        self.spec: StageSpec | None = None
-        self.num_layers = 0
-        self.run_id: str | None = None
-        self.members: list[list[str]] = []
-        self.coordinator_version = 0
-        self.state = "idle"
-        self.counters = {"tokens_generated": 0.0, "microbatches_trained": 0.0}
-        self._reported = {"tokens_generated": 0.0, "microbatches_trained": 0.0, "bytes_sent": 0.0,
-                          "bytes_received": 0.0, "uptime_s": 0.0}
-        self._started = time.monotonic()
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._signal: SignallingClient | None = None
-        self._pm: PeerManager | None = None
-        self._link_locks: dict[str, asyncio.Lock] = {}
-        self._dialing: set[str] = set()
-        self._gen_last: dict[str, _LastStageJob] = {}
-        self._gen_first: dict[str, dict] = {}
-        self._gen_mid_touch: dict[str, float] = {}
-        self._train_slots: dict[str, _TrainSlot] = {}
-        self._train_keys: set[str] = set()
-        self._shares: dict[int, dict[str, tuple[list, bytes]]] = {}
-        self._share_event = asyncio.Event()
-        self._weights_waiter: asyncio.Future | None = None
-        self._weights_from: str | None = None
-        self._init_weight_stream()
-        self._compressor: ReplicaCompressor | None = None
-        self._tasks: set[asyncio.Task] = set()
         self._stop = asyncio.Event()
         self._running = asyncio.Event()
         self._running.set()
-        self._bytes_closed_links = [0.0, 0.0]
-        self.upload = TokenBucket(config.upload_mbps)
-        self.download = TokenBucket(config.download_mbps)
         self.limits: dict[str, Any] = {"upload_mbps": config.upload_mbps, "download_mbps": config.download_mbps,
                                        "cpu_threads": config.cpu_threads}
+        self.links: PeerLinks | None = None
+        self.session: CoordinatorSession | None = None
+        ctx = self.ctx = NodeContext(peer_id=identity.peer_id, role=self.role, compute=self.compute,
+                                     peers=peers, coordinator=coordinator)
+        if peers is None:
+            self.links = ctx.peers = PeerLinks(identity, ctx.tasks, self.on_peer,
+                                               accept_peer=ctx.membership.is_member,
+                                               upload_mbps=config.upload_mbps, download_mbps=config.download_mbps)
+        self.generation = Generation(ctx)
+        self.training = Training(ctx)
+        self.leader = WeightStreamLeader(ctx)
+        self.replica = InferenceReplica(ctx)
+        self.replicas = ReplicaStep(ctx, share_timeout_s=config.share_timeout_s, data_dir=config.data_dir,
+                                    release_through=self.training.release_through,
+                                    after_step=self.leader.after_step)
+        self.status = NodeStatus(ctx, coordinator_url=config.coordinator_url, report_every_s=config.report_every_s,
+                                 emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
+                                 link_count=self.links.link_count if self.links else lambda: 0,
+                                 limits=self.limits)
+        ctx.on_status = self.status.emit_status
+        if coordinator is None:
+            self.session = ctx.coordinator = CoordinatorSession(
+                config.coordinator_url, identity, ctx.tasks, hello_fields=self._hello_fields,
+                on_welcome=self._welcomed, on_message=self.on_coordinator,
+                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference),
+                while_connected=self.status.report_loop, emit=self.emit, set_state=self.status.set_state,
+                reconnect_max_s=config.reconnect_max_s)
+        self._coordinator_handlers: dict[type, Callable[[Any], None]] = {
+            messages.Gen: self.generation.on_gen,
+            messages.TrainIn: self.training.on_train_in,
+            messages.TrainOut: self.training.on_train_out,
+            messages.Apply: self.replicas.on_apply,
+            messages.Abort: self._on_abort,
+            messages.Members: self._on_members,
+            messages.Sync: self.replicas.on_sync,
+            messages.Welcome: self._on_reassign,
+            messages.Shutdown: self._on_shutdown,
+        }
+        self._peer_handlers: dict[type, Callable[[str, Any, bytes], None]] = {
+            messages.Act: self._on_act,
+            messages.Grad: self._on_grad,
+            messages.Tok: self.generation.on_tok,
+            messages.Drop: self.generation.on_drop,
+            messages.Share: self.replicas.on_share,
+            messages.WeightsReq: self._on_weights_req,
+        }
+
+    # ------------------------------------------------------------------ views
+    @property
+    def rt(self) -> StageRuntime | None:
+        return self.ctx.stage.rt
+
+    @property
+    def spec(self) -> StageSpec | None:
+        return self.ctx.stage.spec
+
+    @property
+    def state(self) -> str:
+        return self.status.state
+
+    @property
+    def stream_stats(self) -> dict[str, int]:
+        """Weight-stream counters: deltas sent (as a leader), applied, full loads, resyncs (as a replica)."""
+        return {**self.leader.stats, **self.replica.stats}
+
+    def bytes_moved(self) -> tuple[float, float]:
+        return self.links.bytes_moved() if self.links is not None else (0.0, 0.0)
+
+    def emit_status(self, force: bool = False) -> None:
+        self.status.emit_status(force)
 
     # ------------------------------------------------------------------ lifecycle
     def request_stop(self) -> None:
@@ -178,292 +196,190 @@ class Node(NodeJobs, InferenceReplica):
         """Leave the swarm (finishing nothing new) but keep the stage loaded."""
         if self._running.is_set():
             self._running.clear()
-            self._set_state("paused", "paused: not taking work")
+            self.status.set_state("paused", "paused: not taking work")
 
     def resume(self) -> None:
         self._running.set()
 
     async def start_compute(self) -> None:
         """Create the compute thread's stage runtime (detects the device)."""
-        if self.rt is None:
-            self.rt = await self.compute.run(StageRuntime, self.config.backend, self.config.device,
-                                             self.config.cpu_threads)
+        if self.ctx.stage.rt is None:
+            self.ctx.stage.rt = await self.compute.run(StageRuntime, self.config.backend, self.config.device,
+                                                       self.config.cpu_threads)
 
     def set_limits(self, limits: dict[str, Any]) -> None:
         """Apply new limits now (bandwidth caps take effect on the next message)."""
         self.limits.update(limits)
-        if "upload_mbps" in limits:
-            self.upload.set_rate(limits["upload_mbps"])
-        if "download_mbps" in limits:
-            self.download.set_rate(limits["download_mbps"])
-
-    def _set_state(self, state: str, detail: str) -> None:
-        self.state = state
-        self.emit("state", state=state, detail=detail)
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("task %s failed: %s", task.get_name(), exc, exc_info=exc)
+        if self.links is not None:
+            if "upload_mbps" in limits:
+                self.links.upload.set_rate(limits["upload_mbps"])
+            if "download_mbps" in limits:
+                self.links.download.set_rate(limits["download_mbps"])
 
     async def run(self) -> None:
         """Serve until stopped, reconnecting to the coordinator whenever it goes away."""
         await self.start_compute()
-        delay = 0.5
         try:
-            while not self._stop.is_set():
-                if not self._running.is_set():
-                    await self._running.wait()
-                    continue
-                self._set_state("connecting", f"reaching the coordinator at {self.config.coordinator_url}")
-                try:
-                    await self._session()
-                    delay = 0.5
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ConnectionError) as exc:
-                    log.info("coordinator unreachable (%s); retrying in %.1f s", exc, delay)
-                    self.emit("log", level="warning",
-                              message=f"Cannot reach the coordinator ({exc.__class__.__name__}); retrying.")
-                except ProtocolViolation as exc:
-                    log.warning("coordinator sent something invalid: %s", exc)
-                self._abandon_jobs()
-                if self._stop.is_set():
-                    break
-                if not self._running.is_set():
-                    delay = 0.5
-                    continue
-                try:
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                except asyncio.TimeoutError:
-                    pass
-                delay = min(delay * 2, self.config.reconnect_max_s)
+            await self.session.serve(self._stop, self._running, on_lost=self._abandon_jobs)
         finally:
-            await self._shutdown()
+            await self.shutdown()
 
-    async def _shutdown(self) -> None:
-        self._set_state("stopping", "leaving the swarm")
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pm is not None:
-            await self._pm.close()
-        if self._signal is not None:
-            await self._signal.close()
-        if self.rt is not None:
-            await self.compute.run(self.rt.close)
+    async def shutdown(self) -> None:
+        self.status.set_state("stopping", "leaving the swarm")
+        await self.ctx.tasks.cancel_all()
+        if self.links is not None:
+            await self.links.close()
+        await self.status.close()
+        if self.ctx.stage.rt is not None:
+            await self.compute.run(self.ctx.stage.rt.close)
         self.compute.stop()
 
-    # ------------------------------------------------------------------ coordinator session
-    async def _session(self) -> None:
-        url = self.config.coordinator_url.rstrip("/") + "/node"
-        timeout = aiohttp.ClientTimeout(total=None, connect=10)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            async with http.ws_connect(url, max_msg_size=messages.MAX_WS_MESSAGE_CHARS, heartbeat=10.0) as ws:
-                challenge = await self._recv(ws, "challenge")
-                await ws.send_json(self._hello(challenge["nonce"]))
-                welcome = await self._recv(ws, "welcome")
-                self._ws = ws
-                # Load while reading the websocket, so heartbeats are answered during a long load.
-                loader = self._spawn(self._load_and_report_ready(welcome), "polis-node-load")
-                reporter = self._spawn(self._report_loop(), "polis-node-report")
-                stopper = self._spawn(self._close_on_stop(ws), "polis-node-stopper")
-                try:
-                    async for msg in ws:
-                        if msg.type != aiohttp.WSMsgType.TEXT:
-                            break
-                        try:
-                            data = messages.COORDINATOR_TO_NODE.validate(json.loads(msg.data))
-                        except (ValueError, ProtocolViolation) as exc:
-                            log.warning("dropped an invalid coordinator message: %s", exc)
-                            continue
-                        self._on_coordinator(data)
-                finally:
-                    loader.cancel()
-                    reporter.cancel()
-                    stopper.cancel()
-                    self._ws = None
+    # ------------------------------------------------------------------ welcome / loading
+    def _hello_fields(self) -> dict[str, Any]:
+        stage, spec, rt = self.ctx.stage, self.ctx.stage.spec, self.ctx.stage.rt
+        return {"backend": rt.backend_name, "device": str(self.config.device or ""),
+                "max_layers": self.config.max_layers,
+                "stage": spec.stage_index if spec else None, "num_stages": spec.num_stages if spec else None,
+                "version": rt.version, "run_id": stage.run_id,
+                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role}
 
-    async def _load_and_report_ready(self, welcome: dict) -> None:
+    async def _welcomed(self, welcome: messages.Welcome) -> None:
+        """Load what the welcome assigns, then tell the coordinator we are ready."""
         try:
             await self._apply_welcome(welcome)
         except Exception as exc:  # a stage we cannot load: say so and leave this coordinator
             log.error("could not load the assigned stage: %s", exc)
             self.emit("error", message=f"Could not load the assigned stage: {exc}",
                       hint="Check the base checkpoint path and free memory, then restart.", fatal=False)
-            if self._ws is not None:
-                await self._ws.close()
+            await self.session.close()
             return
-        await self._send_coordinator({"type": "ready", "stage": self.spec.stage_index, "version": self.rt.version})
-        self._set_state("contributing", f"serving {self.spec.describe(self.num_layers)}")
+        await self._ready()
         self._connect_neighbours()
-        self._emit_status()
 
-    async def _close_on_stop(self, ws) -> None:
-        """Close the session when the node is stopped or paused."""
-        while not self._stop.is_set() and self._running.is_set():
-            await asyncio.sleep(0.1)
-        await ws.close()
+    async def _ready(self) -> None:
+        stage = self.ctx.stage
+        await self.ctx.coordinator.send(messages.Ready(stage=stage.spec.stage_index, version=int(stage.rt.version)))
+        self.status.set_state("contributing", f"serving {stage.spec.describe(stage.num_layers)}")
+        self.status.emit_status()
 
-    async def _recv(self, ws, kind: str) -> dict:
-        while True:
-            msg = await asyncio.wait_for(ws.receive(), 30.0)
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                raise ConnectionError(f"coordinator closed the connection while we waited for '{kind}'")
-            data = messages.COORDINATOR_TO_NODE.validate(json.loads(msg.data))
-            if data["type"] == "shutdown":
-                raise ConnectionError(f"coordinator refused us: {data['reason']}")
-            if data["type"] == "members":
-                self.members = data["stages"]
-                self.inference_peers = set(data.get("inference") or ())
-                continue
-            if data["type"] != kind:
-                raise ProtocolViolation(f"expected '{kind}', got '{data['type']}'")
-            return data
-
-    def _hello(self, nonce: str) -> dict:
-        base = self._base_dir()
-        return {"type": "hello", "peer_id": self.identity.peer_id,
-                "public_key": base64.b64encode(self.identity.public_key).decode(),
-                "signature": base64.b64encode(self.identity.sign(hello_bytes(nonce, self.identity.public_key))).decode(),
-                "backend": self.rt.backend_name, "device": str(self.config.device or ""),
-                "max_layers": self.config.max_layers,
-                "stage": self.spec.stage_index if self.spec else None,
-                "num_stages": self.spec.num_stages if self.spec else None,
-                "version": self.rt.version, "run_id": self.run_id,
-                "has_base": (base / "config.json").exists(), "role": self.role}
-
-    def _base_dir(self) -> Path:
-        if self.config.base_checkpoint:
-            return Path(self.config.base_checkpoint)
-        from engine.paths import base_checkpoint_dir
-
-        return base_checkpoint_dir()
-
-    async def _send_coordinator(self, message: dict) -> None:
-        ws = self._ws
-        if ws is None or ws.closed:
-            log.debug("coordinator away; dropped %s", message.get("type"))
-            return
-        await ws.send_json(message)
-
-    # ------------------------------------------------------------------ welcome / loading
-    async def _apply_welcome(self, w: dict) -> None:
-        self.run_cfg = run_config_from_dict(w["run"])
-        self.run_id = w["run_id"]
-        spec = StageSpec(w["stage"], w["num_stages"], w["layer_start"], w["layer_end"])
-        self.num_layers = w["num_layers"]
-        optimizer = OptimizerConfig(lr=self.run_cfg.lr, trainable=self.role == "trainer")
-        if self._signal is None or self._signal.url != w["signal_url"]:
-            await self._start_links(w["signal_url"])
-        keep = self.spec == spec and w["source"] == "keep" and self.rt.backend is not None
+    async def _apply_welcome(self, welcome: messages.Welcome) -> None:
+        ctx, stage = self.ctx, self.ctx.stage
+        stage.run_cfg = run_config_from_dict(welcome.run)
+        stage.run_id = welcome.run_id
+        spec = StageSpec(welcome.stage, welcome.num_stages, welcome.layer_start, welcome.layer_end)
+        stage.num_layers = welcome.num_layers
+        optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer")
+        if self.links is not None:
+            await self.links.start(welcome.signal_url)
+        keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
         if not keep:
-            await self._stream_before_load()
-            self._set_state("loading", f"loading {spec.describe(self.num_layers)}")
-            if w["source"] == "peer" and w["source_peer"]:
-                await self._load_from_peer(spec, w["source_peer"], optimizer)
+            await self.replica.before_load()
+            await self.leader.clear()
+            self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
+            if welcome.source == "peer" and welcome.source_peer:
+                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer)
+                await self.replica.joined(welcome.source_peer, header, weights)
             else:
-                # an inference replica serves as the version its files hold (rollouts carry it)
-                await self.compute.run(self.rt.load_checkpoint, self._base_dir(), spec, optimizer,
-                                       w["stage_checkpoint"] or None,
-                                       None if self.role == "inference" else w["version"])
-            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
-        self.spec = spec
-        if self._compressor is None:
-            self._compressor = ReplicaCompressor(self.run_cfg.update_encoding, self.run_cfg.update_topk_fraction)
-        self.coordinator_version = w["version"]
-        self._stream_after_load()
+                await load_from_files(ctx, base_dir(self.config.base_checkpoint), spec, optimizer,
+                                      welcome.stage_checkpoint, welcome.version)
+        stage.spec = spec
+        self.replicas.new_weights(fresh=not keep)
+        ctx.membership.coordinator_version = welcome.version
+        self.replica.after_load()
 
-    async def _start_links(self, signal_url: str) -> None:
-        if self._pm is not None:
-            await self._pm.close()
-        if self._signal is not None:
-            await self._signal.close()
-        self._signal = SignallingClient(signal_url, self.identity)
-        await self._signal.connect()
-        self._pm = PeerManager(self._signal, PeerManagerConfig(link=LinkConfig()),
-                               validator=messages.PEER_MESSAGES.validate, accept_peer=self._is_member)
-        self._pm.on_link = lambda link: self._spawn(self._read_link(link), f"polis-read-{link.peer_id[:8]}")
-
-    def _is_member(self, peer_id: str) -> bool:
-        return any(peer_id in ids for ids in self.members) or not self.members
-
-    async def _load_from_peer(self, spec: StageSpec, peer: str, optimizer: OptimizerConfig) -> None:
-        waiter = self._expect_weights(peer)
-        request = {"type": "weights_req", "stage": spec.stage_index}
-        if self.role == "inference":
-            request["stream"] = True  # and follow the weight stream that starts from these weights
-        await self._send(peer, request)
-        header, payload, config_dict = await asyncio.wait_for(waiter, 60.0)
-        from engine.model.config import ModelConfig
-        from backends.stage_layout import plan_stage
-
-        config = ModelConfig.from_dict(config_dict, source=f"replica {peer}")
-        names = [e["name"] for e in header["tensors"]]
-        layout = plan_stage(spec, config, names)
-        weights = tensor_bundle.unpack(header["tensors"], payload, layout.shapes, require_all=True)
-        await self.compute.run(self.rt.load_weights, spec, config_dict, weights, optimizer, header["version"])
-        log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header["version"], peer)
-        await self._stream_joined(peer, header, weights)
-
-    def _expect_weights(self, peer: str) -> asyncio.Future:
-        """A future for the ``weights`` message we are about to ask ``peer`` for (only its answer counts)."""
-        self._weights_waiter = asyncio.get_running_loop().create_future()
-        self._weights_from = peer
-        return self._weights_waiter
-
-    # ------------------------------------------------------------------ peers
-    async def _link(self, peer: str) -> PeerLink:
-        lock = self._link_locks.setdefault(peer, asyncio.Lock())
-        async with lock:
-            return await self._pm.ensure_link(peer)
-
-    async def _send(self, peer: str, header: dict, payload: bytes = b"", channel: str = "control") -> None:
-        if peer == self.identity.peer_id:
-            self._on_peer(peer, header, payload)
+    def _connect_neighbours(self) -> None:
+        """Open links ahead of need to every peer we will exchange with (neighbour stages, replicas)."""
+        spec, stages = self.ctx.stage.spec, self.ctx.membership.stages
+        if spec is None or self.links is None:
             return
-        await self.upload.consume(len(payload) + 64)
-        link = await self._link(peer)
-        await link.send(header, payload, channel="bulk" if payload else channel)
+        wanted = set()
+        for s in (spec.stage_index - 1, spec.stage_index, spec.stage_index + 1):
+            if 0 <= s < len(stages):
+                wanted.update(stages[s])
+        if spec.is_last and stages:
+            wanted.update(stages[0])  # sampled tokens go back to stage 0
+        self.links.connect_ahead(wanted)
 
-    async def _read_link(self, link: PeerLink) -> None:
-        try:
-            async for header, payload in link:
-                await self.download.consume(len(payload) + 64)
-                try:
-                    self._on_peer(link.peer_id, header, payload)
-                except ProtocolViolation as exc:
-                    link.report_violation(str(exc))
-        except LinkClosed:
-            pass
-        finally:
-            self._bytes_closed_links[0] += link.stats.wire_bytes_sent
-            self._bytes_closed_links[1] += link.stats.wire_bytes_received
+    # ------------------------------------------------------------------ coordinator messages
+    def on_coordinator(self, msg: messages.CoordinatorToNode) -> None:
+        """A decoded coordinator message: dispatch on its type."""
+        if isinstance(msg, TRAINING_MESSAGES) and self.role != "trainer":
+            log.warning("ignored '%s': this node is an inference replica and does no training",
+                        msg.__struct_config__.tag)
+            return
+        handler = self._coordinator_handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
 
-    def bytes_moved(self) -> tuple[float, float]:
-        sent, received = self._bytes_closed_links
-        if self._pm is not None:
-            for link in self._pm.links.values():
-                sent += link.stats.wire_bytes_sent
-                received += link.stats.wire_bytes_received
-        return sent, received
+    def _on_abort(self, msg: messages.Abort) -> None:
+        self.ctx.tasks.spawn(self._abort(msg.step), f"polis-abort-{msg.step}")
 
-    def _decode_activation(self, header: dict, payload: bytes) -> np.ndarray:
-        x = decode_tensor(header, payload, max_elements=MAX_ACTIVATION_ELEMENTS, expected_dtype="float32")
-        if x.ndim != 3 or x.shape[2] != self.rt.hidden_size:
-            raise ProtocolViolation(f"activation of shape {list(x.shape)} does not fit hidden size "
-                                    f"{self.rt.hidden_size}")
-        return x
+    async def _abort(self, step: int) -> None:
+        await self.training.abort(step)
+        self.replicas.forget(step)
 
-    def _forward_encoded(self, forward, key: str, x: np.ndarray) -> tuple[dict, bytes]:
-        """Compute thread: run a stage forward and encode its output for the wire, in one hop."""
-        return self._encode_activation(forward(key, x))
+    def _on_members(self, msg: messages.Members) -> None:
+        self.ctx.membership.update(msg.stages, msg.inference)
+        self.ctx.membership.coordinator_version = msg.version
+        self._connect_neighbours()
+        self.status.emit_status()
 
-    def _encode_activation(self, x: np.ndarray) -> tuple[dict, bytes]:
-        enc = encode_tensor(np.asarray(x, dtype=np.float32), self.run_cfg.activation_encoding)
-        return enc.header, bytes(enc.payload)
+    def _on_reassign(self, msg: messages.Welcome) -> None:
+        self.ctx.tasks.spawn(self._reassign(msg), "polis-reassign")
+
+    async def _reassign(self, msg: messages.Welcome) -> None:
+        self._abandon_jobs()
+        await self._apply_welcome(msg)
+        await self._ready()
+
+    def _on_shutdown(self, msg: messages.Shutdown) -> None:
+        log.info("coordinator asked us to stop: %s", msg.reason)
+        self.request_stop()
+
+    # ------------------------------------------------------------------ peer messages
+    def on_peer(self, sender: str, header: messages.PeerMessage, payload: bytes) -> None:
+        """A decoded peer message: check it may reach us now, dispatch on its type."""
+        if isinstance(header, (messages.WDelta, messages.WLead)):  # queued even while loading
+            self.replica.on_stream_message(sender, header, payload)
+            return
+        if isinstance(header, messages.Weights):  # a node that holds no stage yet loads from these
+            self.ctx.weights.deliver(sender, header, payload)  # (only from the peer it asked)
+            return
+        kind = header.__struct_config__.tag
+        if not self.ctx.stage.loaded():
+            raise ProtocolViolation(f"'{kind}' arrived before this node holds a stage")
+        spec = self.ctx.stage.spec
+        if isinstance(header, (messages.Act, messages.Drop, messages.Grad)):
+            check_hop(kind, header, sender, self.ctx.peer_id, spec.stage_index, spec.num_stages)
+        handler = self._peer_handlers.get(type(header))
+        if handler is not None:
+            handler(sender, header, payload)
+
+    def _on_act(self, sender: str, header: messages.Act, payload: bytes) -> None:
+        x = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
+        (self.generation if header.kind == "gen" else self.training).on_act(sender, header, x)
+
+    def _on_grad(self, sender: str, header: messages.Grad, payload: bytes) -> None:
+        grad = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
+        self.training.on_grad(sender, header, grad)
+
+    def _on_weights_req(self, sender: str, header: messages.WeightsReq, payload: bytes) -> None:
+        if header.stage != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
+            raise ProtocolViolation(f"weights of stage {header.stage} asked by {sender}, not a replica of ours")
+        if header.stream:
+            self.leader.on_stream_request(sender, header, payload)
+        else:
+            self.replicas.on_weights_req(sender, header, payload)
+
+    # ------------------------------------------------------------------ housekeeping
+    def _abandon_jobs(self) -> None:
+        """Forget every job in flight (coordinator lost, or reassigned); free their memory."""
+        if self.ctx.stage.rt is None or self.ctx.stage.rt.backend is None:
+            return
+        self.generation.abandon()
+        self.training.abandon()
+        self.replicas.forget()
+
+    def _expire_jobs(self, cutoff: float) -> None:
+        self.generation.expire(cutoff)
+        self.training.expire(cutoff)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 import threading
@@ -31,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.control_protocol import (ProtocolError, add_limit_arguments, encode_event, limits_from_args,
-                                     parse_command)
+from engine.control_protocol import ProtocolError, add_limit_arguments, encode_event, limits_from_args, parse_command
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +177,9 @@ async def _main(args) -> int:
                 node.resume()
             elif cmd == "set_limits":
                 node.set_limits(command["limits"])
-                node._emit_status()
+                node.emit_status()
             elif cmd == "status":
-                node._emit_status(force=True)
+                node.emit_status(force=True)
 
         if control.enabled:
             control.start_reader(loop, on_command, node.request_stop)

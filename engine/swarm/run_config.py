@@ -6,8 +6,9 @@ nodes rebuild it with :func:`run_config_from_dict`, which validates every field
 (the dict crossed a network): msgspec checks types (strict: no bool for an int, no
 string for a number) and the bounds written in the field types, runs the nested
 configs' own checks, and refuses unknown keys at every level. A RunConfig built in
-code (``RunConfig(...)``, ``dataclasses.replace``) goes through the same check. The RL pieces reuse the in-process configs of
-``engine.rl`` so the swarm runs the very same objective, sampling and tasks.
+code (``RunConfig(...)``, ``dataclasses.replace``) goes through the same check.
+The RL pieces reuse the in-process configs of ``engine.rl`` so the swarm runs the
+very same objective, sampling and tasks.
 
 The defaults are the tested recipe of ``engine.rl.recipe`` (the task the shipped base
 was warmed up on, its sampling and batch settings), so the swarm and the

@@ -13,12 +13,14 @@ It knows nothing about links, replicas or optimisers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from engine.net.errors import ProtocolViolation
 from engine.net.tensor_codec import EncodedTensor, decode_tensor, encode_tensor
+from engine.swarm.messages import TensorEntry
 
 
 def pack(encoded: Mapping[str, EncodedTensor]) -> tuple[list[dict[str, Any]], bytes]:
@@ -37,28 +39,38 @@ def pack_arrays(arrays: Mapping[str, np.ndarray], encoding: str = "fp32") -> tup
     return pack({name: encode_tensor(np.asarray(a, dtype=np.float32), encoding) for name, a in arrays.items()})
 
 
-def unpack(entries: list[dict[str, Any]], payload: bytes | memoryview,
+def wire_entries(entries: list[dict[str, Any]]) -> list[TensorEntry]:
+    """The entries of :func:`pack` as the typed records a ``share`` / ``weights`` message carries."""
+    return [TensorEntry(name=e["name"], tensor=e["tensor"], nbytes=e["nbytes"]) for e in entries]
+
+
+def _fields(entry: TensorEntry | Mapping[str, Any]) -> tuple[str, Any, int]:
+    if isinstance(entry, TensorEntry):
+        return entry.name, entry.tensor, int(entry.nbytes)
+    return entry["name"], entry["tensor"], int(entry["nbytes"])
+
+
+def unpack(entries: list[TensorEntry] | list[dict[str, Any]], payload: bytes | memoryview,
            expected_shapes: Mapping[str, tuple[int, ...]], *, require_all: bool = False) -> dict[str, np.ndarray]:
     """Decode a bundle; every name must be in ``expected_shapes`` with that exact shape.
 
     Raises :class:`ProtocolViolation` (or its subclass WireFormatError) on any mismatch.
     """
     view = memoryview(payload)
-    total = sum(int(e["nbytes"]) for e in entries)
+    fields = [_fields(e) for e in entries]
+    total = sum(nbytes for _, _, nbytes in fields)
     if total != len(view):
         raise ProtocolViolation(f"bundle entries claim {total} bytes, payload has {len(view)}")
     out: dict[str, np.ndarray] = {}
     offset = 0
-    for entry in entries:
-        name = entry["name"]
+    for name, header, nbytes in fields:
         if name not in expected_shapes:
             raise ProtocolViolation(f"bundle names unknown tensor {name[:80]!r}")
         if name in out:
             raise ProtocolViolation(f"bundle repeats tensor {name[:80]!r}")
         shape = tuple(expected_shapes[name])
-        nbytes = int(entry["nbytes"])
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        out[name] = decode_tensor(entry["tensor"], view[offset:offset + nbytes], max_elements=max(numel, 1),
+        out[name] = decode_tensor(header, view[offset:offset + nbytes], max_elements=max(numel, 1),
                                   expected_shape=shape, expected_dtype="float32")
         offset += nbytes
     if require_all and len(out) != len(expected_shapes):

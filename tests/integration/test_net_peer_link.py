@@ -105,7 +105,7 @@ def test_hostile_frames_earn_strikes_and_a_peer_over_the_limit_is_disconnected()
     run(body())
 
 
-class _Ping(WireMessage, tag="ping"):
+class _Ping(WireMessage, frozen=True, tag="ping"):
     id: Annotated[int, msgspec.Meta(ge=0, le=10)]
 
 

@@ -65,8 +65,8 @@ class LoopbackPeer:
 
     def on_link(self, link: PeerLink) -> None:
         self.emit({"event": "link_opened", "peer": link.peer_id})
-        link.add_close_callback(lambda l: self.emit({"event": "link_closed", "peer": l.peer_id,
-                                                     "reason": l.closed_reason}))
+        link.add_close_callback(lambda closed: self.emit({"event": "link_closed", "peer": closed.peer_id,
+                                                     "reason": closed.closed_reason}))
         self._spawn(echo_peer.serve_link(link, self._on_reply), f"polis-loopback-serve-{link.peer_id}")
 
     def _on_reply(self, header: Any, payload: bytes) -> None:
@@ -170,7 +170,8 @@ class LoopbackPeer:
                    "reason": None if link is None else link.closed_reason})
 
     async def cmd_stats(self, cmd: dict) -> None:
-        self.emit({"event": "stats", "links": {p: l.stats.as_dict() for p, l in self.manager._links.items()},
+        links = {peer: link.stats.as_dict() for peer, link in self.manager._links.items()}
+        self.emit({"event": "stats", "links": links,
                    "banned": sorted(p for p in self.manager._banned_until if self.manager.is_banned(p))})
 
     async def close(self) -> None:

@@ -109,10 +109,10 @@ def test_weight_delta_frames_are_validated():
         _weights(np.random.default_rng(6))).to_wire()
     for bad_header, bad_payload, reason in (
             ({**header, "seq": -1}, payload, "seq"),
-            ({**header, "tensors": "x"}, payload, "list"),
-            ({**header, "tensors": [["a b", {}, 0]]}, b"", "name"),
+            ({**header, "tensors": "x"}, payload, "Expected `array`"),
+            ({**header, "tensors": [["a b", {}, 0]]}, b"", "regex"),
             ({**header, "tensors": [["a", {}, 10]]}, b"", "size"),
             (header, payload + b"x", "trailing"),
-            ({**header, "other": 1}, payload, "unknown key")):
+            ({**header, "other": 1}, payload, "unknown field")):
         with pytest.raises(WireFormatError, match=reason):
             WeightDelta.from_wire(bad_header, bad_payload)

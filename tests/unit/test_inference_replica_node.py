@@ -1,27 +1,32 @@
-"""The node's weight-stream glue, with two or three nodes wired in memory (real handlers, no WebRTC).
+"""The node's weight stream end to end: real ``Node`` objects wired in memory (no WebRTC).
 
-Headers cross msgpack and the peer-message schemas exactly as on a link; compute runs inline.
+Each node is the product's composition (dispatch, weight-stream leader, inference
+replica, compute thread); only the links (``tests.support.memory_wire``) and the
+stage runtime (a few fp32 tensors instead of a model) are stand-ins. Headers cross
+msgpack and the peer-message schemas exactly as on a link.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import time
 from types import SimpleNamespace
 
-import msgpack
 import numpy as np
+import pytest
 
 from backends.base import StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.swarm import messages, tensor_bundle
-from engine.swarm.inference_replica import InferenceReplica
-from engine.swarm.node_jobs import NodeJobs
+from engine.swarm.node import Node, NodeConfig
+from tests.support.memory_wire import MemoryWire, RecordingCoordinator
 
 LEAD, OTHER, INF = "lead0000", "lead1111", "zinf0000"  # sorted: the leader first, the replica last
 
 
-class FakeRuntime:
+class TensorRuntime:
+    """A stage runtime that is only named tensors and a version (what the weight stream touches)."""
+
     def __init__(self, weights: dict, version: int) -> None:
         self.weights = {n: np.array(w, np.float32) for n, w in weights.items()}
         self.version = version
@@ -47,211 +52,164 @@ class FakeRuntime:
         return tensor_bundle.checksum(self.weights)
 
 
-class FakeCompute:
-    async def run(self, fn, *args, **kwargs):
-        return fn(*args, **kwargs)
+def _node(peer_id: str, role: str, weights: dict, version: int, wire: MemoryWire) -> Node:
+    node = Node(NodeConfig("http://127.0.0.1:9", inference_only=role == "inference"),
+                SimpleNamespace(peer_id=peer_id), peers=wire.sender(peer_id), coordinator=RecordingCoordinator())
+    wire.attach(peer_id, node.on_peer)
+    node.ctx.stage.rt = TensorRuntime(weights, version)
+    node.ctx.stage.spec = StageSpec(0, 2, 0, 1)
+    node.ctx.membership.update([[LEAD, OTHER, INF], []], [INF])
+    node.replica.after_load()
+    return node
 
 
-class FakeLink:
-    def __init__(self) -> None:
-        self.violations: list[str] = []
+async def _settle(*nodes: Node, timeout_s: float = 10.0) -> None:
+    """Until every node is quiet: no task but the follower's, nothing queued or being applied."""
+    def quiet(node: Node) -> bool:
+        busy = {t for t in node.ctx.tasks.pending() if t.get_name() != "polis-wstream-follow"}
+        return not busy and node.replica.idle()
 
-    def report_violation(self, reason: str, channel: str = "control") -> None:
-        self.violations.append(reason)
-
-
-class Wire:
-    """Delivers messages between fake nodes; ``drop`` decides which never arrive."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, FakeNode] = {}
-        self.drop = lambda src, dst, header: False
-        self.mangle = lambda src, dst, header, payload: (header, payload)
-
-    async def send(self, src: str, dst: str, header: dict, payload: bytes) -> None:
-        header = messages.PEER_MESSAGES.validate(msgpack.unpackb(msgpack.packb(header)))
-        if self.drop(src, dst, header):
-            return
-        header, payload = self.mangle(src, dst, header, bytes(payload))
-        node = self.nodes[dst]
-        try:
-            node._on_peer(src, header, payload)
-        except ProtocolViolation as exc:
-            node.links[src].report_violation(str(exc))
+    deadline, calm = time.monotonic() + timeout_s, 0
+    while calm < 3:
+        assert time.monotonic() < deadline, "the nodes did not settle"
+        await asyncio.sleep(0.005)
+        calm = calm + 1 if all(quiet(n) for n in nodes) else 0
 
 
-class FakeNode(NodeJobs, InferenceReplica):
-    def __init__(self, peer_id: str, role: str, weights: dict, version: int, wire: Wire) -> None:
-        self.config = SimpleNamespace(inference_only=role == "inference")
-        self.identity = SimpleNamespace(peer_id=peer_id)
-        self.rt = FakeRuntime(weights, version)
-        self.compute = FakeCompute()
-        self.spec = StageSpec(0, 2, 0, 1)
-        self.members = [[LEAD, OTHER, INF], []]
-        self.links: dict[str, FakeLink] = defaultdict(FakeLink)
-        self._pm = SimpleNamespace(link=lambda peer: self.links[peer])
-        self._weights_waiter = None
-        self._weights_from = None
-        self.to_coordinator: list[dict] = []
-        self._tasks: set[asyncio.Task] = set()
-        self.wire = wire
-        wire.nodes[peer_id] = self
-        self._init_weight_stream()
-        self.inference_peers = {INF}
-        self._stream_after_load()
-
-    async def _send(self, peer, header, payload=b"", channel="control"):
-        await self.wire.send(self.identity.peer_id, peer, header, payload)
-
-    async def _send_coordinator(self, message):
-        self.to_coordinator.append(messages.NODE_TO_COORDINATOR.validate(message))
-
-    def _spawn(self, coro, name):
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _emit_status(self, force=False):
-        pass
-
-    def _expect_weights(self, peer):
-        self._weights_waiter = asyncio.get_running_loop().create_future()
-        self._weights_from = peer
-        return self._weights_waiter
-
-
-async def _settle(*nodes: FakeNode) -> None:
-    """Everything runs inline on this loop: a few hundred passes let every message land."""
-    for _ in range(300):
-        await asyncio.sleep(0)
-    assert not any(n._stream_inbox for n in nodes)
-
-
-def _run(scenario) -> None:
+def _run(scenario, nodes: list[Node]) -> None:
     async def bounded():
-        task = asyncio.ensure_future(scenario())
         try:
-            await asyncio.wait_for(task, 30)
+            await asyncio.wait_for(scenario(), 60)
         finally:
-            for t in asyncio.all_tasks():
-                if t is not asyncio.current_task():
-                    t.cancel()
+            for node in nodes:
+                await node.ctx.tasks.cancel_all()
+                node.compute.stop()
     asyncio.run(bounded())
 
 
-def _step(node: FakeNode, rng, version: int) -> None:
-    node.rt.weights = {n: (w - np.float32(1e-3) * np.sign(rng.standard_normal(w.shape))).astype(np.float32)
-                       for n, w in node.rt.weights.items()}
-    node.rt.version = version
+def _step(node: Node, rng, version: int) -> None:
+    rt = node.rt
+    rt.weights = {n: (w - np.float32(1e-3) * np.sign(rng.standard_normal(w.shape))).astype(np.float32)
+                  for n, w in rt.weights.items()}
+    rt.version = version
 
 
-def _apply_msg(version: int, leader: str = LEAD) -> dict:
-    return {"type": "apply", "step": version - 1, "version": version, "replicas": sorted({leader, OTHER}),
-            "checkpoint": False, "inference": [INF]}
+def _apply_msg(version: int, leader: str = LEAD, replicas: list[str] | None = None) -> messages.Apply:
+    return messages.Apply(step=version - 1, version=version, replicas=replicas or sorted({leader, OTHER}),
+                          checkpoint=False, inference=[INF])
 
 
 def _bits(a: dict, b: dict) -> bool:
     return all(np.array_equal(a[n].view(np.uint32), b[n].view(np.uint32)) for n in a)
 
 
-def _served(node: FakeNode) -> list[dict]:
-    return [m for m in node.to_coordinator if m["type"] == "served"]
+def _served(node: Node) -> list[messages.Served]:
+    return node.ctx.coordinator.of_type(messages.Served)
 
 
 def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta_or_a_new_leader():
+    rng = np.random.default_rng(0)
+    weights = {"model.layers.0.mlp.up_proj.weight": rng.standard_normal((48, 32)).astype(np.float32),
+               "model.layers.0.input_layernorm.weight": np.ones(32, np.float32)}
+    wire = MemoryWire()
+    nodes: list[Node] = []
+
     async def scenario():
-        rng = np.random.default_rng(0)
-        weights = {"model.layers.0.mlp.up_proj.weight": rng.standard_normal((48, 32)).astype(np.float32),
-                   "model.layers.0.input_layernorm.weight": np.ones(32, np.float32)}
-        wire = Wire()
-        lead = FakeNode(LEAD, "trainer", weights, 3, wire)
-        other = FakeNode(OTHER, "trainer", weights, 3, wire)
-        inf = FakeNode(INF, "inference", {n: np.zeros_like(w) for n, w in weights.items()}, 0, wire)
+        lead = _node(LEAD, "trainer", weights, 3, wire)
+        other = _node(OTHER, "trainer", weights, 3, wire)
+        inf = _node(INF, "inference", {n: np.zeros_like(w) for n, w in weights.items()}, 0, wire)
+        nodes.extend([lead, other, inf])
 
         # 1. the leader holds no stream for the replica: wlead -> full weights with a stream
-        await lead._stream_after_step(_apply_msg(3))
+        await lead.leader.stream_step(_apply_msg(3))
         await _settle(lead, inf)
-        assert _served(inf)[-1]["full"] and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
-        assert lead._stream_leader.has(INF)
+        assert _served(inf)[-1].full and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
+        assert lead.leader.state.has(INF)
 
         # 2. deltas: the replica serves exactly the leader's shadow, one residual behind the trainer
         for version in range(4, 12):
             _step(lead, rng, version)
-            await lead._stream_after_step(_apply_msg(version))
+            await lead.leader.stream_step(_apply_msg(version))
             await _settle(lead, inf)
             assert inf.rt.version == version
-            assert _bits(inf.rt.weights, lead._stream_leader.shadow(INF))
+            assert _bits(inf.rt.weights, lead.leader.state.shadow(INF))
             assert max(np.abs(inf.rt.weights[n] - w).max() for n, w in lead.rt.weights.items()) < 1e-3 / 100
-        streamed = [m for m in lead.to_coordinator if m["type"] == "streamed"]
-        assert len(streamed) == 8 and streamed[-1]["streams"][0]["checksum"] == _served(inf)[-1]["checksum"]
-        assert _served(inf)[-1]["full"] is False and inf.stream_stats["full_loads"] == 1
+        streamed = lead.ctx.coordinator.of_type(messages.Streamed)
+        assert len(streamed) == 8 and streamed[-1].streams[0].checksum == _served(inf)[-1].checksum
+        assert _served(inf)[-1].full is False and inf.stream_stats["full_loads"] == 1
+        assert lead.stream_stats["deltas_sent"] == 8 and inf.stream_stats["deltas_applied"] == 8
 
         # 3. a lost delta: the next one is out of sequence -> full weights again, no strike
-        wire.drop = lambda src, dst, h: h["type"] == "wdelta" and h["version"] == 12
+        wire.drop = lambda src, dst, h: isinstance(h, messages.WDelta) and h.version == 12
         _step(lead, rng, 12)
-        await lead._stream_after_step(_apply_msg(12))
+        await lead.leader.stream_step(_apply_msg(12))
         wire.drop = lambda src, dst, h: False
         _step(lead, rng, 13)
-        await lead._stream_after_step(_apply_msg(13))
+        await lead.leader.stream_step(_apply_msg(13))
         await _settle(lead, inf)
-        assert inf.stream_stats["full_loads"] == 2 and not inf.links[LEAD].violations
+        assert inf.stream_stats["full_loads"] == 2 and not wire.strikes[(INF, LEAD)]
         assert inf.rt.version == 13 and _bits(inf.rt.weights, lead.rt.weights)
 
         # 4. a malformed delta: a strike against the sender, the replica untouched, then a resync
         before = {n: w.copy() for n, w in inf.rt.weights.items()}
 
         def corrupt(src, dst, header, payload):
-            if header["type"] == "wdelta":
-                entry = header["delta"]["tensors"][0]
+            if isinstance(header, messages.WDelta):
+                entry = header.delta["tensors"][0]
                 entry[1] = {**entry[1], "shape": [32, 48]}
             return header, payload
         wire.mangle = corrupt
         _step(lead, rng, 14)
-        await lead._stream_after_step(_apply_msg(14))
+        await lead.leader.stream_step(_apply_msg(14))
         wire.mangle = lambda src, dst, header, payload: (header, payload)
         await _settle(lead, inf)
-        assert len(inf.links[LEAD].violations) == 1 and "bad weight delta" in inf.links[LEAD].violations[0]
+        assert len(wire.strikes[(INF, LEAD)]) == 1 and "bad weight delta" in wire.strikes[(INF, LEAD)][0]
         assert inf.stream_stats["full_loads"] == 3 and _bits(inf.rt.weights, lead.rt.weights)
         assert not _bits(before, inf.rt.weights)
 
         # 5. the leader changes: the new one holds no stream -> wlead -> full weights from it
         other.rt.weights, other.rt.version = lead.rt.state_dict(), 14
         _step(other, rng, 15)
-        await lead._stream_after_step(_apply_msg(15, leader=OTHER))  # lead is no longer first: drops streams
-        assert not lead._stream_leader.peers()
-        await other._stream_after_step({**_apply_msg(15), "replicas": [OTHER, "zz-trainer"]})
+        await lead.leader.stream_step(_apply_msg(15, leader=OTHER))  # lead is no longer first: drops streams
+        assert not lead.leader.state.peers()
+        await other.leader.stream_step(_apply_msg(15, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
-        assert inf._stream_follower.source == OTHER and inf.rt.version == 15
+        assert inf.replica.follower.source == OTHER and inf.rt.version == 15
         _step(other, rng, 16)
-        await other._stream_after_step({**_apply_msg(16), "replicas": [OTHER, "zz-trainer"]})
+        await other.leader.stream_step(_apply_msg(16, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
-        assert _served(inf)[-1] == {**_served(inf)[-1], "version": 16, "source": OTHER, "full": False}
+        last = _served(inf)[-1]
+        assert (last.version, last.source, last.full) == (16, OTHER, False)
 
         # 6. stream messages from a peer that does not train our stage, or to a trainer: refused
-        inf._on_peer(INF, {"type": "wlead", "stage": 0, "version": 99}, b"")
+        inf.on_peer(INF, messages.WLead(stage=0, version=99), b"")
         await _settle(inf)
-        assert inf.links[INF].violations and inf.rt.version == 16
-        try:
-            lead._on_peer(OTHER, {"type": "wlead", "stage": 0, "version": 99}, b"")
-            raise AssertionError("a trainer accepted a weight stream")
-        except ProtocolViolation:
-            pass
+        assert wire.strikes[(INF, INF)] and inf.rt.version == 16
+        with pytest.raises(ProtocolViolation):
+            lead.on_peer(OTHER, messages.WLead(stage=0, version=99), b"")
         # a trainer of our stage may not ask for a stream (only inference replicas follow one)
-        await wire.send(LEAD, OTHER, {"type": "weights_req", "stage": 0, "stream": True}, b"")
-        assert other.links[LEAD].violations
+        await wire.send(LEAD, OTHER, messages.WeightsReq(stage=0, stream=True), b"")
+        assert wire.strikes[(OTHER, LEAD)]
 
-    _run(scenario)
+    _run(scenario, nodes)
 
 
 def test_an_inference_replica_ignores_training_work_from_the_coordinator():
-    async def scenario():
-        wire = Wire()
-        inf = FakeNode(INF, "inference", {"w": np.zeros((2, 2), np.float32)}, 0, wire)
-        for kind in ("train_in", "train_out", "apply", "abort", "sync"):
-            inf._on_coordinator({"type": kind, "step": 0, "mb": 0, "source_peer": LEAD})
-        await asyncio.sleep(0)
-        assert not inf._tasks and not inf.to_coordinator
-        assert inf.role == "inference" and FakeNode(LEAD, "trainer", {}, 0, wire).role == "trainer"
+    wire = MemoryWire()
+    nodes: list[Node] = []
 
-    _run(scenario)
+    async def scenario():
+        inf = _node(INF, "inference", {"w": np.zeros((2, 2), np.float32)}, 0, wire)
+        trainer = _node(LEAD, "trainer", {}, 0, wire)
+        nodes.extend([inf, trainer])
+        rows = [[1, 2]]
+        for msg in (messages.TrainIn(step=0, mb=0, route=[INF], inputs=rows),
+                    messages.TrainOut(step=0, mb=0, route=[INF], targets=rows, mask=[[True, True]],
+                                      behaviour=[[0.0, 0.0]], advantages=[1.0], normaliser=1.0),
+                    _apply_msg(1), messages.Abort(step=0), messages.Sync(source_peer=LEAD)):
+            inf.on_coordinator(msg)
+        await asyncio.sleep(0)
+        assert not inf.ctx.tasks.pending() and not inf.ctx.coordinator.messages
+        assert inf.role == "inference" and trainer.role == "trainer"
+
+    _run(scenario, nodes)

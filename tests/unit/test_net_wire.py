@@ -10,11 +10,11 @@ from engine.net.errors import ProtocolViolation
 from engine.net.wire import Finite, MessageSet, WireMessage, WireRecord, unbounded_float_fields
 
 
-class _Bounded(WireMessage, tag="bounded"):
+class _Bounded(WireMessage, frozen=True, tag="bounded"):
     x: Annotated[float, msgspec.Meta(ge=-1e4, le=1e4)]
 
 
-class _Wide(WireMessage, tag="wide"):
+class _Wide(WireMessage, frozen=True, tag="wide"):
     x: Finite
 
 
@@ -81,3 +81,14 @@ def test_non_maps_and_wrong_inputs_are_violations_not_crashes():
         BOUNDED.decode_json(b"\xff\xfe")
     with pytest.raises(ProtocolViolation):
         BOUNDED.decode_msgpack("not bytes")  # type: ignore[arg-type]
+
+
+def test_the_compatibility_maps_keep_bytes_as_bytes():
+    from typing import Any
+
+    class Carrier(WireMessage, frozen=True, tag="carrier"):
+        blob: dict[str, Any]
+
+    carriers = MessageSet("test", Carrier, max_size=1024)
+    assert carriers.validate({"type": "carrier", "blob": {"raw": b"\x00\x01"}}) == {
+        "type": "carrier", "blob": {"raw": b"\x00\x01"}}

@@ -150,3 +150,12 @@ def test_decoded_arrays_are_fresh_writable_and_independent_of_the_payload():
     payload[:4] = b"\xff\xff\xff\xff"
     y[0, 0] = 42.0
     assert y.flags.writeable and y.flags.c_contiguous and y[0, 1] == 1.0
+
+
+def test_the_typed_header_names_exactly_the_dtypes_and_encodings_the_codec_has():
+    from typing import get_args
+
+    from engine.net import tensor_codec
+
+    assert set(get_args(tensor_codec.DtypeName)) == set(tensor_codec.DTYPES)
+    assert set(get_args(tensor_codec.EncodingName)) == set(tensor_codec.ENCODINGS)

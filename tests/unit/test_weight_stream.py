@@ -168,7 +168,7 @@ def test_malformed_deltas_are_refused_and_change_nothing():
         ({**delta, "tensors": [[big[0], {**big[1], "dtype": "float16"}, big[2]]] + entries[1:]}, payload, "dtype"),
         ({**delta, "tensors": []}, b"", "without tensors"),
         (delta, payload + b"\0" * (1 << 20), "exceeds"),
-        ({**delta, "extra": 1}, payload, "unknown key"),
+        ({**delta, "extra": 1}, payload, "unknown field"),
     ]
     for bad, bad_payload, reason in cases:
         with pytest.raises(WireFormatError, match=reason):

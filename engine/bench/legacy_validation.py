@@ -1,39 +1,22 @@
-"""A small declarative validator for untrusted message headers.
+"""The hand-written wire validator and message schemas as they were, frozen: the "before" of a bench.
 
-Every header that arrives from a peer (a msgpack map on a data channel, a JSON
-object on the signalling websocket) is checked against a :class:`Schema` before
-any field is used: required keys, exact types (``bool`` is never an ``int``),
-integer and float ranges, string/bytes/list lengths, allowed values, nested maps
-and list items. A failure raises :class:`~engine.net.errors.ProtocolViolation`
-whose message names the offending path (``"activation.shape[2]: 0 < minimum 1"``),
-so the receiver can log the reason and count a strike.
-
-Example::
-
-    ACTIVATION = Schema("activation", {
-        "type": Str(choices={"activation"}),
-        "micro_batch": Int(0, 2**31 - 1),
-        "shape": List(Int(1, 1 << 20), min_len=1, max_len=4),
-        "note": Str(max_len=200, required=False),
-    })
-    registry = SchemaRegistry([ACTIVATION])
-    header = registry.validate(untrusted_header)   # raises ProtocolViolation
-
-It knows nothing about transports, framing or what a message means.
+Used only by ``polis bench transport`` (:mod:`engine.bench.message_validation`) to
+measure, in the same run, how long the old path (``json.loads`` / ``msgpack.unpackb``
+then a Python walk over a :class:`Schema`) took against the typed msgspec structs
+that replaced it (``engine.swarm.messages``, ``engine.control_protocol``). Nothing in
+the product imports this module; do not extend it. Only the schemas of the benched
+messages are kept (``train_out``, ``gen_done``, the peer ``act`` header, and the old
+control ``parse_event``), copied unchanged from the code before the switch.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from engine.net.errors import ProtocolViolation
-
-__all__ = [
-    "Field", "Int", "Float", "Bool", "Str", "Bytes", "List", "Map", "Any_",
-    "Schema", "SchemaRegistry",
-]
 
 #: How many characters of an offending value are quoted in an error message.
 _QUOTE_CHARS = 40
@@ -171,28 +154,6 @@ class Str(Field):
 
 
 @dataclass(frozen=True)
-class Bytes(Field):
-    """A byte string of ``min_len..max_len`` bytes."""
-
-    min_len: int = 0
-    max_len: int = 1024
-    required: bool = True
-    nullable: bool = False
-
-    def __init__(self, min_len: int = 0, max_len: int = 1024, *, required: bool = True,
-                 nullable: bool = False) -> None:
-        object.__setattr__(self, "min_len", min_len)
-        object.__setattr__(self, "max_len", max_len)
-        object.__setattr__(self, "required", required)
-        object.__setattr__(self, "nullable", nullable)
-
-    def check(self, value: Any, path: str) -> None:
-        if not isinstance(value, (bytes, bytearray)):
-            raise ProtocolViolation(f"{path}: expected bytes, got {type(value).__name__}")
-        _check_len(value, path, self.min_len, self.max_len, "bytes")
-
-
-@dataclass(frozen=True)
 class List(Field):
     """A list (or tuple) of ``min_len..max_len`` items, each checked by ``item``."""
 
@@ -311,3 +272,56 @@ class SchemaRegistry:
         if schema is None:
             raise ProtocolViolation(f"header: unknown message type {_quote(kind)}")
         return schema.validate(header)
+
+
+# ------------------------------------------------------- the old schemas of the benched messages
+MAX_ROWS = 4096
+MAX_TOKENS = 4096
+MAX_STAGES = 256
+_PEER_ID = Str(4, 64)
+_JOB = Str(1, 64)
+_TOKEN = Int(0, 1 << 24)
+_VERSION = Int(0, 1 << 40)
+_STEP = Int(0, 1 << 40)
+_ROUTE = List(_PEER_ID, min_len=1, max_len=MAX_STAGES)
+_TOKEN_ROWS = List(List(_TOKEN, min_len=1, max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
+_FLOAT_ROWS = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
+_FLOAT_ROWS_OPT = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS, required=False)
+_BOOL_ROWS = List(List(Bool(), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
+_GEN_PARAMS = Schema("gen_params", {"max_new_tokens": Int(1, MAX_TOKENS), "temperature": Float(0, 100),
+                                    "top_p": Float(1e-6, 1), "seed": Int(0, 2**63 - 1), "eos_id": _TOKEN})
+
+COORDINATOR_TO_NODE = SchemaRegistry([
+    Schema("train_out", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "targets": _TOKEN_ROWS,
+                         "mask": _BOOL_ROWS, "behaviour": _FLOAT_ROWS, "advantages": List(Float(-1e4, 1e4),
+                                                                                           max_len=MAX_ROWS),
+                         "normaliser": Float(1e-9, 1e12), "prox": Bool(required=False),
+                         "proximal": _FLOAT_ROWS_OPT}),
+])
+NODE_TO_COORDINATOR = SchemaRegistry([
+    Schema("gen_done", {"job": _JOB, "tokens": _TOKEN_ROWS, "logprobs": _FLOAT_ROWS,
+                        "versions": List(_VERSION, min_len=1, max_len=MAX_STAGES)}),
+])
+PEER_MESSAGES = SchemaRegistry([
+    Schema("act", {"kind": Str(choices={"gen", "train", "prox"}), "job": _JOB, "route": _ROUTE,
+                   "hop": Int(1, MAX_STAGES), "versions": List(_VERSION, min_len=1, max_len=MAX_STAGES),
+                   "tensor": Any_(), "step": _STEP, "mb": Int(0, 1 << 20), "params": Map(_GEN_PARAMS, required=False)}),
+])
+
+_EVENTS = ("hello", "state", "status", "stats", "swarm", "log", "error")
+_STATES = ("idle", "connecting", "loading", "contributing", "paused", "stopping", "error")
+
+
+def parse_event(line: str) -> dict[str, Any]:
+    """The old control-protocol event check: json.loads plus a few key checks."""
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ProtocolViolation("a line must hold a JSON object")
+    event = message.get("event")
+    if event not in _EVENTS:
+        raise ProtocolViolation(f"unknown event {event!r}")
+    if event in ("state", "status") and message.get("state") not in _STATES:
+        raise ProtocolViolation(f"unknown state {message.get('state')!r}")
+    if event == "error" and not isinstance(message.get("message"), str):
+        raise ProtocolViolation("error event without a message")
+    return message

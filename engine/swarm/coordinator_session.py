@@ -1,0 +1,174 @@
+"""A node's session with the coordinator: websocket, signed hello, welcome, reconnect with backoff.
+
+:class:`CoordinatorSession` is the node's
+:class:`~engine.swarm.node_context.CoordinatorSender`. ``serve`` connects to the
+coordinator's ``/node`` websocket, answers the challenge with a signed hello
+(:func:`hello_bytes`), waits for the welcome and hands it to ``on_welcome``
+(loading runs on its own task, so heartbeats are answered during a long load),
+then passes every validated message to ``on_message`` until the socket closes.
+If the coordinator goes away (or the node is paused) it calls ``on_lost`` and,
+unless stopped or paused, tries again after a backoff that doubles up to
+``reconnect_max_s``. Links to other nodes are not its business and survive.
+
+What it does not know: what a welcome or a job means, stages, links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+
+from engine.net.errors import ProtocolViolation
+from engine.net.identity import Identity
+from engine.swarm import messages
+from engine.swarm.node_context import TaskSpawner
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M")
+
+HELLO_DOMAIN = b"polis-node-hello\x00"
+#: longest wait for the coordinator's next handshake message (seconds)
+HANDSHAKE_TIMEOUT_S = 30.0
+#: longest one message to the coordinator may take to send (seconds)
+SEND_TIMEOUT_S = 10.0
+#: websocket heartbeat: a coordinator silent for this long is taken as gone (seconds)
+HEARTBEAT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+def hello_bytes(nonce: str, public_key: bytes) -> bytes:
+    """What a node signs to prove its identity to the coordinator."""
+    return HELLO_DOMAIN + nonce.encode() + b"\x00" + public_key
+
+
+class CoordinatorSession:
+    """One node's connection to its coordinator; see the module docstring."""
+
+    def __init__(self, url: str, identity: Identity, tasks: TaskSpawner, *,
+                 hello_fields: Callable[[], dict[str, Any]],
+                 on_welcome: Callable[[messages.Welcome], Awaitable[None]],
+                 on_message: Callable[[messages.CoordinatorToNode], None],
+                 on_members: Callable[[messages.Members], None],
+                 while_connected: Callable[[], Coroutine[Any, Any, None]],
+                 emit: Callable[..., None], set_state: Callable[[str, str], None],
+                 reconnect_max_s: float = 10.0) -> None:
+        self.url = url
+        self.identity = identity
+        self.tasks = tasks
+        self.hello_fields = hello_fields
+        self.on_welcome = on_welcome
+        self.on_message = on_message
+        self.on_members = on_members
+        self.while_connected = while_connected
+        self.emit = emit
+        self.set_state = set_state
+        self.reconnect_max_s = reconnect_max_s
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+
+    # ------------------------------------------------------------------ CoordinatorSender
+    async def send(self, message: messages.NodeToCoordinator) -> None:
+        ws = self._ws
+        if ws is None or ws.closed:
+            log.debug("coordinator away; dropped %s", type(message).__name__)
+            return
+        await asyncio.wait_for(ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
+
+    async def close(self) -> None:
+        """Leave this coordinator now (``serve`` then reconnects unless stopped or paused)."""
+        if self._ws is not None:
+            await self._ws.close()
+
+    # ------------------------------------------------------------------ reconnecting
+    async def serve(self, stop: asyncio.Event, running: asyncio.Event, on_lost: Callable[[], None]) -> None:
+        """Stay connected until ``stop``; while ``running`` is clear (paused), stay away."""
+        delay = 0.5
+        while not stop.is_set():
+            if not running.is_set():
+                await running.wait()
+                continue
+            self.set_state("connecting", f"reaching the coordinator at {self.url}")
+            try:
+                await self._connect_once(stop, running)
+                delay = 0.5
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                log.info("coordinator unreachable (%s); retrying in %.1f s", exc, delay)
+                self.emit("log", level="warning",
+                          message=f"Cannot reach the coordinator ({exc.__class__.__name__}); retrying.")
+            except ProtocolViolation as exc:
+                log.warning("coordinator sent something invalid: %s", exc)
+            on_lost()
+            if stop.is_set():
+                break
+            if not running.is_set():
+                delay = 0.5
+                continue
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 2, self.reconnect_max_s)
+
+    async def _connect_once(self, stop: asyncio.Event, running: asyncio.Event) -> None:
+        url = self.url.rstrip("/") + "/node"
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.ws_connect(url, max_msg_size=messages.MAX_WS_MESSAGE_CHARS,
+                                       heartbeat=HEARTBEAT_S) as ws:
+                challenge = await self._recv(ws, messages.Challenge)
+                await asyncio.wait_for(ws.send_str(messages.encode(self._hello(challenge.nonce))), SEND_TIMEOUT_S)
+                welcome = await self._recv(ws, messages.Welcome)
+                self._ws = ws
+                side = [self.tasks.spawn(self.on_welcome(welcome), "polis-node-load"),
+                        self.tasks.spawn(self.while_connected(), "polis-node-report"),
+                        self.tasks.spawn(self._close_on_stop(ws, stop, running), "polis-node-stopper")]
+                try:
+                    async for msg in ws:
+                        if msg.type != aiohttp.WSMsgType.TEXT:
+                            break
+                        try:
+                            data = messages.decode_from_coordinator(msg.data)
+                        except ProtocolViolation as exc:
+                            log.warning("dropped an invalid coordinator message: %s", exc)
+                            continue
+                        self.on_message(data)
+                finally:
+                    for task in side:
+                        task.cancel()
+                    self._ws = None
+
+    @staticmethod
+    async def _close_on_stop(ws, stop: asyncio.Event, running: asyncio.Event) -> None:
+        """Close the session when the node is stopped or paused."""
+        while not stop.is_set() and running.is_set():
+            await asyncio.sleep(0.1)
+        await ws.close()
+
+    async def _recv(self, ws, kind: type[M]) -> M:
+        """The next handshake message, which must be a ``kind`` (member lists may come first)."""
+        name = kind.__struct_config__.tag
+        while True:
+            msg = await asyncio.wait_for(ws.receive(), HANDSHAKE_TIMEOUT_S)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise ConnectionError(f"coordinator closed the connection while we waited for '{name}'")
+            data = messages.decode_from_coordinator(msg.data)
+            if isinstance(data, messages.Shutdown):
+                raise ConnectionError(f"coordinator refused us: {data.reason}")
+            if isinstance(data, messages.Members):
+                self.on_members(data)
+                continue
+            if not isinstance(data, kind):
+                raise ProtocolViolation(f"expected '{name}', got '{data.__struct_config__.tag}'")
+            return data
+
+    def _hello(self, nonce: str) -> messages.Hello:
+        identity = self.identity
+        return messages.Hello(
+            peer_id=identity.peer_id, public_key=base64.b64encode(identity.public_key).decode(),
+            signature=base64.b64encode(identity.sign(hello_bytes(nonce, identity.public_key))).decode(),
+            **self.hello_fields())

@@ -1,0 +1,225 @@
+"""Generation jobs through the pipeline: KV-cached steps, hops, sampling on the last stage.
+
+One job (``gen`` from the coordinator, a batch of prompts and a route of one peer
+per stage) runs step by step: stage 0 embeds the prompt (later: the last sampled
+tokens) and sends activations along the route; each stage runs its layers with
+its KV cache for the job; the last stage samples one token per row, accumulates
+tokens and log-probs, and sends the tokens back to stage 0 (``tok``) until every
+row ended or ``max_new_tokens`` is reached; then it reports ``gen_done`` and the
+caches are dropped along the route (``drop``). A one-stage swarm samples in place.
+
+Every message is checked before the backend sees it (route, rows, vocabulary);
+a failing job is reported (``job_failed``) instead of killing the node.
+
+What it does not know: training, rewards, how links are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+
+import numpy as np
+from msgspec.structs import replace
+
+from engine.net.errors import LinkClosed, NetError, ProtocolViolation
+from engine.swarm import messages
+from engine.swarm.messages import Act, Drop, Gen, GenParams, Tok
+from engine.swarm.node_context import NodeContext
+from engine.swarm.pipeline_hops import forward_encoded, rect
+
+log = logging.getLogger(__name__)
+
+#: most generation jobs a stage keeps state for at once
+MAX_JOBS = 1024
+#: what a failing job reports instead of killing the node
+JOB_ERRORS = (ProtocolViolation, NetError, LinkClosed, ValueError, RuntimeError, asyncio.TimeoutError)
+
+
+@dataclass
+class _FirstStageJob:
+    """What stage 0 keeps while a generation job decodes."""
+
+    route: list[str]
+    params: GenParams
+    rows: int
+    touched: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _LastStageJob:
+    """What the last stage accumulates while a generation job decodes."""
+
+    rows: int
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finished: np.ndarray
+    versions: list[int]
+    steps: int = 0
+
+
+class Generation:
+    """The generation jobs this stage takes part in (first, middle or last stage, or all three)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self._first: dict[str, _FirstStageJob] = {}
+        self._last: dict[str, _LastStageJob] = {}
+        self._mid_touch: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ inbound (loop, no await)
+    def on_gen(self, msg: Gen) -> None:
+        self._spawn(self._start(msg), msg.job)
+
+    def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
+        self._spawn(self._hop(header, x), header.job)
+
+    def on_tok(self, sender: str, header: Tok, payload: bytes) -> None:
+        state = self._first.get(header.job)
+        if state is None:
+            return  # an abandoned job
+        if sender != state.route[-1]:
+            raise ProtocolViolation(f"tokens for {header.job} from {sender}, not the route's last stage")
+        if len(header.tokens) != state.rows:
+            raise ProtocolViolation(f"{len(header.tokens)} tokens for a job of {state.rows} rows")
+        self._spawn(self._tokens(header), header.job, prefix="polis-tok")
+
+    def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop), f"polis-drop-{header.job}")
+
+    def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
+        self.ctx.tasks.spawn(self._guard(coro, job), f"{prefix}-{job}")
+
+    async def _guard(self, coro: Coroutine, job: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except JOB_ERRORS as exc:
+            log.warning("job %s failed: %s", job, exc)
+            await self.ctx.coordinator.send(messages.JobFailed(job=job, reason=str(exc)[:500]))
+
+    # ------------------------------------------------------------------ steps
+    async def _start(self, msg: Gen) -> None:
+        ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
+        route = msg.route
+        if not spec.is_first or len(route) != spec.num_stages or route[0] != ctx.peer_id:
+            raise ProtocolViolation("generation job sent to a node that is not its first stage")
+        ids = rect(msg.prompt_ids, np.int64, "prompt_ids")
+        if ids.max() >= rt.vocab_size:
+            raise ProtocolViolation("prompt token id outside the vocabulary")
+        if len(self._first) >= MAX_JOBS and msg.job not in self._first:
+            raise ProtocolViolation("too many generation jobs in flight")
+        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0])
+        await self._advance(msg.job, ids)
+
+    async def _advance(self, job: str, x: np.ndarray) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        state = self._first[job]
+        state.touched = time.monotonic()
+        ctx.counters["tokens_generated"] += state.rows
+        if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
+            await self._sample(job, state.route, state.params, [], x)
+            return
+        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, job, x,
+                                                ctx.stage.run_cfg.activation_encoding)
+        await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
+                                                 versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
+                                                 params=state.params), payload)
+
+    async def _hop(self, header: Act, x: np.ndarray) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        ctx.counters["tokens_generated"] += x.shape[0]
+        if ctx.stage.spec.is_last:
+            await self._sample(header.job, header.route, header.params, header.versions, x)
+            return
+        if len(self._mid_touch) >= MAX_JOBS and header.job not in self._mid_touch:
+            raise ProtocolViolation("too many generation jobs in flight")
+        self._mid_touch[header.job] = time.monotonic()
+        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header.job, x,
+                                                ctx.stage.run_cfg.activation_encoding)
+        hop = header.hop + 1
+        await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
+                                                        tensor=tensor), payload)
+
+    async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
+                      x: np.ndarray) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        if params is None:
+            raise ProtocolViolation("generation step without sampling parameters")
+        versions = [*versions_so_far, int(rt.version)]
+        state = self._last.get(job)
+        if state is None:
+            if len(self._last) > MAX_JOBS:
+                raise ProtocolViolation("too many generation jobs in flight")
+            state = self._last[job] = _LastStageJob(rows=x.shape[0], tokens=[[] for _ in range(x.shape[0])],
+                                                    logprobs=[[] for _ in range(x.shape[0])],
+                                                    finished=np.zeros(x.shape[0], dtype=bool), versions=versions)
+        if x.shape[0] != state.rows or len(versions) != len(state.versions):
+            raise ProtocolViolation("generation step does not match its job")
+        state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
+        tokens, logprobs = await ctx.compute.run(rt.gen_sample, job, x, temperature=params.temperature,
+                                                 top_p=params.top_p, seed=params.seed, step=state.steps)
+        for r in range(state.rows):
+            if not state.finished[r]:
+                state.tokens[r].append(int(tokens[r]))
+                state.logprobs[r].append(float(logprobs[r]))
+                state.finished[r] = tokens[r] == params.eos_id
+        state.steps += 1
+        done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
+        if done:
+            del self._last[job]
+            await ctx.compute.run(rt.drop, job)
+            await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or [params.eos_id] for t in state.tokens],
+                                                        logprobs=[lp or [0.0] for lp in state.logprobs],
+                                                        versions=state.versions))
+        if len(route) == 1:
+            if not done:
+                await self._advance(job, tokens[:, None])
+            else:
+                self._first.pop(job, None)
+            return
+        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done))
+
+    async def _tokens(self, header: Tok) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        job = header.job
+        state = self._first[job]
+        if header.done:
+            del self._first[job]
+            await ctx.compute.run(rt.drop, job)
+            if len(state.route) > 2:
+                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1))
+            return
+        tokens = np.asarray(header.tokens, dtype=np.int64)
+        if tokens.max() >= rt.vocab_size:
+            raise ProtocolViolation("sampled token id outside the vocabulary")
+        await self._advance(job, tokens[:, None])
+
+    async def _drop(self, job: str, route: list[str], hop: int) -> None:
+        self._mid_touch.pop(job, None)
+        await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
+        if hop + 1 < len(route) - 1:
+            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1))
+
+    # ------------------------------------------------------------------ housekeeping
+    def abandon(self) -> None:
+        """Forget every job (coordinator lost, or reassigned) and free its caches."""
+        jobs = set(self._first) | set(self._last) | set(self._mid_touch)
+        self._first.clear()
+        self._last.clear()
+        self._mid_touch.clear()
+        for job in jobs:
+            self.ctx.compute.submit(self.ctx.stage.rt.drop, job)
+
+    def expire(self, cutoff: float) -> None:
+        """Free the caches of jobs untouched since ``cutoff`` (monotonic seconds)."""
+        stale = [j for j, s in self._first.items() if s.touched < cutoff]
+        stale += [j for j, t in self._mid_touch.items() if t < cutoff]
+        for job in stale:
+            self._first.pop(job, None)
+            self._mid_touch.pop(job, None)
+            self.ctx.compute.submit(self.ctx.stage.rt.drop, job)

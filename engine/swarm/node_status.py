@@ -1,0 +1,132 @@
+"""What a node tells others about itself: counters to the coordinator, events to its supervisor.
+
+* every ``report_every_s`` while connected: the counters since the last report
+  (``report``) to the coordinator, and a ``stats`` event (work, bytes, compute
+  utilisation) to the supervisor (the GUI or a log);
+* every third report: a ``swarm`` event with swarm-wide figures, polled from the
+  coordinator's stats API over one reused HTTP session (closed at stop);
+* on any change a user sees: a ``status`` event (state, stage, peers, limits).
+
+It also expires jobs untouched for ``JOB_TTL_S`` (through ``expire``), once per report.
+What it does not know: what the jobs are, how messages travel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from engine.swarm.messages import Report
+from engine.swarm.node_context import NodeContext
+
+log = logging.getLogger(__name__)
+
+#: generation caches / training slots untouched this long are freed (seconds)
+JOB_TTL_S = 120.0
+#: longest a stats poll of the coordinator may take (seconds)
+STATS_TIMEOUT_S = 5.0
+#: the most recent evaluations / versions passed on in a ``swarm`` event
+MAX_EVALS, MAX_VERSIONS = 200, 500
+
+
+class NodeStatus:
+    """Reports and events of one node."""
+
+    def __init__(self, ctx: NodeContext, *, coordinator_url: str, report_every_s: float,
+                 emit: Callable[..., None], bytes_moved: Callable[[], tuple[float, float]],
+                 link_count: Callable[[], int], expire: Callable[[float], None],
+                 limits: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.coordinator_url = coordinator_url
+        self.report_every_s = report_every_s
+        self.emit = emit
+        self.bytes_moved = bytes_moved
+        self.link_count = link_count
+        self.expire = expire
+        self.limits = limits
+        self.state = "idle"
+        self._started = time.monotonic()
+        self._reported = {"tokens_generated": 0.0, "microbatches_trained": 0.0, "bytes_sent": 0.0,
+                          "bytes_received": 0.0, "uptime_s": 0.0}
+        self._http: aiohttp.ClientSession | None = None
+
+    def set_state(self, state: str, detail: str) -> None:
+        self.state = state
+        self.emit("state", state=state, detail=detail)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------ periodic
+    async def report_loop(self) -> None:
+        """While connected: report, emit stats, expire stale jobs; poll swarm figures every third time."""
+        ctx = self.ctx
+        busy_before, wall_before = ctx.compute.busy_seconds, time.monotonic()
+        ticks = 0
+        while True:
+            await asyncio.sleep(self.report_every_s)
+            busy_now, wall_now = ctx.compute.busy_seconds, time.monotonic()
+            busy_fraction = (busy_now - busy_before) / max(wall_now - wall_before, 1e-6)
+            busy_before, wall_before = busy_now, wall_now
+            log.debug("compute busy %.0f%% of the last %.1f s", 100 * busy_fraction, self.report_every_s)
+            sent, received = self.bytes_moved()
+            now = {**ctx.counters, "bytes_sent": sent, "bytes_received": received,
+                   "uptime_s": time.monotonic() - self._started}
+            delta = {k: max(0.0, now[k] - self._reported[k]) for k in self._reported}
+            self._reported = now
+            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}))
+            self.emit("stats", tokens_generated=int(now["tokens_generated"]),
+                      microbatches_trained=int(now["microbatches_trained"]), bytes_sent=int(sent),
+                      bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),
+                      points=round(now["tokens_generated"] / 100 + now["microbatches_trained"], 1),
+                      policy_version=ctx.stage.rt.version, staleness_mean=None,
+                      tokens_per_s=round(delta["tokens_generated"] / self.report_every_s, 1),
+                      compute_busy_fraction=round(busy_fraction, 3))
+            if ctx.stage.rt.backend is not None:
+                self.expire(time.monotonic() - JOB_TTL_S)
+            ticks += 1
+            if ticks % 3 == 1:
+                await self.emit_swarm()
+
+    async def emit_swarm(self) -> None:
+        """Swarm-wide figures for the supervisor, from the coordinator's stats API."""
+        url = self.coordinator_url.rstrip("/") + "/api/stats"
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATS_TIMEOUT_S))
+        try:
+            async with self._http.get(url) as response:
+                stats = await response.json()
+            me = self.ctx.peer_id
+            self.emit("swarm", policy_version=int(stats["version"]),
+                      eval=[{"version": int(e["version"]), "accuracy": float(e["accuracy"])}
+                            for e in stats["evals"][-MAX_EVALS:]],
+                      reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}
+                              for v in stats["versions"][-MAX_VERSIONS:]],
+                      stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]),
+                               "replicas": len(s["replicas"]) + len(s.get("inference", ())),
+                               "mine": me in s["replicas"] or me in s.get("inference", ())}
+                              for s in stats["stages"]])
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as exc:
+            log.debug("no swarm stats this time: %s", exc)
+
+    # ------------------------------------------------------------------ on change
+    def emit_status(self, force: bool = False) -> None:
+        """A ``status`` event (without a stage: only when ``force``, e.g. the supervisor asked)."""
+        ctx, spec = self.ctx, self.ctx.stage.spec
+        if spec is None:
+            if force:
+                self.emit("status", state=self.state, coordinator=self.coordinator_url, stage=None,
+                          num_stages=None, layers=None, role=ctx.role, peers=0, policy_version=None,
+                          limits=self.limits)
+            return
+        self.emit("status", state=self.state, coordinator=self.coordinator_url,
+                  stage=spec.stage_index, num_stages=spec.num_stages,
+                  layers=spec.describe(ctx.stage.num_layers), role=ctx.role,
+                  peers=self.link_count(), policy_version=ctx.stage.rt.version, limits=self.limits)

@@ -1,0 +1,174 @@
+"""The optimiser step of a stage and everything between its replicas: shares, weights, resync.
+
+On ``apply`` (from the coordinator, naming the stage's trainers) each trainer
+compresses its accumulated gradient (``engine.swarm.replica_sync``), sends it to
+the other trainers (``share``), waits for theirs up to ``share_timeout_s`` (a
+replica that left the stage is not waited for), aggregates identically to every
+other replica, applies, optionally writes the stage checkpoint, and reports
+``stepped``. A replica that joins or drifted asks another for full weights
+(``weights_req`` / ``weights``; ``sync`` from the coordinator names the source).
+
+Hooks: ``release_through(step)`` frees the training activations of the applied
+step; ``after_step(apply_message)`` lets the weight-stream leader stream.
+
+What it does not know: micro-batches, rewards, how links are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from engine.net.errors import ProtocolViolation
+from engine.swarm import messages, tensor_bundle
+from engine.swarm.messages import Apply, Share, Sync, Weights, WeightsReq
+from engine.swarm.node_context import NodeContext
+from engine.swarm.replica_sync import ReplicaCompressor, aggregate, dense_nbytes
+
+log = logging.getLogger(__name__)
+
+#: most steps of gradient shares a replica keeps (a replica ahead of us sends the next one early)
+MAX_SHARE_STEPS = 4
+#: how long a replica waits for full weights from another
+WEIGHTS_TIMEOUT_S = 60.0
+
+
+class ReplicaStep:
+    """Gradient shares, the optimiser step, and full weights between the replicas of our stage."""
+
+    def __init__(self, ctx: NodeContext, *, share_timeout_s: float, data_dir: str | None,
+                 release_through: Callable[[int], Awaitable[None]],
+                 after_step: Callable[[Apply], None]) -> None:
+        self.ctx = ctx
+        self.share_timeout_s = share_timeout_s
+        self.data_dir = data_dir
+        self._release_through = release_through
+        self._after_step = after_step
+        self._shares: dict[int, dict[str, tuple[list, bytes]]] = {}
+        self._share_event = asyncio.Event()
+        self._compressor: ReplicaCompressor | None = None
+
+    def new_weights(self, fresh: bool) -> None:
+        """A stage was loaded (``fresh``: new weights, so the error-feedback residual starts over)."""
+        run_cfg = self.ctx.stage.run_cfg
+        if fresh or self._compressor is None:
+            self._compressor = ReplicaCompressor(run_cfg.update_encoding, run_cfg.update_topk_fraction)
+
+    # ------------------------------------------------------------------ inbound (loop, no await)
+    def on_apply(self, msg: Apply) -> None:
+        self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg.step}")
+
+    def on_sync(self, msg: Sync) -> None:
+        self.ctx.tasks.spawn(self._resync(msg.source_peer), "polis-resync")
+
+    def on_share(self, sender: str, header: Share, payload: bytes) -> None:
+        if sender not in self.ctx.stage_members():
+            raise ProtocolViolation(f"gradient share from {sender}, who is not a replica of our stage")
+        if len(self._shares) > MAX_SHARE_STEPS and header.step not in self._shares:
+            raise ProtocolViolation("too many steps of gradient shares in flight")
+        self._shares.setdefault(header.step, {})[sender] = (header.tensors, payload)
+        self._share_event.set()
+
+    def on_weights_req(self, sender: str, header: WeightsReq, payload: bytes) -> None:
+        self.ctx.tasks.spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
+
+    def forget(self, step: int | None = None) -> None:
+        """Drop the shares of ``step`` (aborted), or of every step (jobs abandoned)."""
+        if step is None:
+            self._shares.clear()
+        else:
+            self._shares.pop(step, None)
+
+    # ------------------------------------------------------------------ the step
+    async def _apply(self, msg: Apply) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        step, version = msg.step, msg.version
+        others = sorted(p for p in msg.replicas if p != ctx.peer_id)
+        grads = await ctx.compute.run(rt.grads)
+        dense = dense_nbytes(grads)
+        update_bytes = 0
+        if others:
+            encoded, own = await ctx.compute.run(self._compressor.compress, grads)
+            entries, payload = tensor_bundle.pack(encoded)
+            update_bytes = len(payload)
+            share = Share(step=step, tensors=tensor_bundle.wire_entries(entries))
+            loop = asyncio.get_running_loop()
+            sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-share-{step}-{p[:8]}")
+                     for p in others]
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            for peer, result in zip(others, results):
+                if isinstance(result, Exception):
+                    log.warning("could not send our gradient to replica %s: %s", peer, result)
+            received = await self._await_shares(step, others)
+            shapes = {name: g.shape for name, g in grads.items()}
+            contributions = {ctx.peer_id: own}
+            for peer, (peer_entries, peer_payload) in received.items():
+                try:
+                    contributions[peer] = tensor_bundle.unpack(peer_entries, peer_payload, shapes, require_all=True)
+                except ProtocolViolation as exc:
+                    log.warning("replica %s sent an unusable gradient (%s); stepping without it", peer, exc)
+            agg = await ctx.compute.run(aggregate, contributions)
+        else:
+            agg = grads
+        norm = await ctx.compute.run(rt.apply, agg, ctx.stage.run_cfg.max_grad_norm, version)
+        checksum = await ctx.compute.run(rt.checksum)
+        self._shares = {s: v for s, v in self._shares.items() if s > step}
+        await self._release_through(step)
+        path = None
+        if msg.checkpoint:
+            path = str(self.stage_checkpoint_path())
+            await ctx.compute.run(rt.save_stage, path, version)
+        await ctx.coordinator.send(messages.Stepped(step=step, version=version, grad_norm=float(norm),
+                                                    checksum=float(checksum), update_bytes=int(update_bytes),
+                                                    dense_bytes=int(dense), checkpoint_path=path))
+        self._after_step(msg)
+        ctx.on_status()
+
+    async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
+        deadline = time.monotonic() + self.share_timeout_s
+        while True:
+            got = self._shares.get(step, {})
+            missing = [p for p in others if p not in got]
+            alive = [p for p in missing if p in self.ctx.stage_members()]
+            if not alive or time.monotonic() >= deadline:
+                if missing:
+                    log.warning("step %d: no gradient from %s; stepping without them", step, missing)
+                return {p: got[p] for p in others if p in got}
+            self._share_event.clear()
+            try:
+                await asyncio.wait_for(self._share_event.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+
+    def stage_checkpoint_path(self) -> Path:
+        if self.data_dir:
+            root = Path(self.data_dir)
+        else:
+            from engine.paths import user_data_dir
+
+            root = user_data_dir()
+        stage = self.ctx.stage
+        return root / "stages" / (stage.run_id or "run") / f"stage{stage.spec.stage_index}.safetensors"
+
+    # ------------------------------------------------------------------ full weights between replicas
+    async def _send_weights(self, peer: str) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        state, version = await ctx.compute.run(rt.snapshot)
+        entries, payload = await ctx.compute.run(tensor_bundle.pack_arrays, state)
+        await ctx.peers.send(peer, Weights(stage=ctx.stage.spec.stage_index, version=int(version),
+                                           config=rt.model_config.to_hf_dict(),
+                                           tensors=tensor_bundle.wire_entries(entries)), payload)
+
+    async def _resync(self, source: str) -> None:
+        ctx, rt = self.ctx, self.ctx.stage.rt
+        waiter = ctx.weights.expect(source)
+        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index))
+        header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
+        weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
+        await ctx.compute.run(rt.set_weights, weights, header.version)
+        self._compressor.reset()
+        log.info("resynchronised stage %d from %s at version %d", ctx.stage.spec.stage_index, source,
+                 header.version)

@@ -1,0 +1,59 @@
+"""Loading the stage a welcome assigns: from checkpoint files, or from a replica's weights.
+
+* :func:`base_dir`: the base checkpoint directory (the configured one, or the shipped one).
+* :func:`load_from_files`: the base checkpoint's layers of the stage, or a stage checkpoint.
+* :func:`load_from_peer`: asks a replica for its full weights (``weights_req``; with
+  ``stream`` an inference replica also starts following that replica's weight stream),
+  checks them against the model config they come with, and loads them.
+
+What it does not know: what happens around a load (streams, states, readiness: the node's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from backends.base import OptimizerConfig, StageSpec
+from engine.swarm import tensor_bundle
+from engine.swarm.messages import Weights, WeightsReq
+from engine.swarm.node_context import NodeContext
+from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S
+
+log = logging.getLogger(__name__)
+
+
+def base_dir(configured: str | None) -> Path:
+    """The base checkpoint directory: ``configured``, or the shipped one."""
+    if configured:
+        return Path(configured)
+    from engine.paths import base_checkpoint_dir
+
+    return base_checkpoint_dir()
+
+
+async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimizer: OptimizerConfig,
+                          stage_checkpoint: str | None, version: int) -> None:
+    """Load ``spec`` from the base checkpoint (or ``stage_checkpoint``) on the compute thread."""
+    # an inference replica serves as the version its files hold (rollouts carry it)
+    await ctx.compute.run(ctx.stage.rt.load_checkpoint, base, spec, optimizer, stage_checkpoint or None,
+                          None if ctx.role == "inference" else version)
+
+
+async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
+                         optimizer: OptimizerConfig) -> tuple[Weights, dict]:
+    """Load ``spec`` from ``peer``'s weights; ``(weights header, weights)`` as they arrived."""
+    from backends.stage_layout import plan_stage
+    from engine.model.config import ModelConfig
+
+    waiter = ctx.weights.expect(peer)
+    # an inference replica also follows the weight stream that starts from these weights
+    await ctx.peers.send(peer, WeightsReq(stage=spec.stage_index, stream=ctx.role == "inference"))
+    header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
+    config = ModelConfig.from_dict(header.config, source=f"replica {peer}")
+    layout = plan_stage(spec, config, [e.name for e in header.tensors])
+    weights = tensor_bundle.unpack(header.tensors, payload, layout.shapes, require_all=True)
+    await ctx.compute.run(ctx.stage.rt.load_weights, spec, header.config, weights, optimizer, header.version)
+    log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header.version, peer)
+    return header, weights

@@ -1,0 +1,124 @@
+"""Real nodes (torch stages on the CPU, the shipped base checkpoint) wired in memory, no WebRTC.
+
+The node's composition end to end: welcome and loading, dispatch on message types,
+route checks, generation through two stages, a training micro-batch forward and
+backward, the optimiser step, and a fresh node loading its stage from a replica.
+Only the links are in memory (``tests.support.memory_wire``); messages cross msgpack
+and the schemas exactly as on a link or the coordinator's websocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from engine.paths import base_checkpoint_dir
+from engine.swarm import messages
+from engine.swarm.node import Node, NodeConfig
+from engine.swarm.run_config import RunConfig
+from tests.support.memory_wire import MemoryWire, RecordingCoordinator
+
+pytest.importorskip("torch")
+
+P0, P1, P2 = "peer0000", "peer1111", "peer2222"
+PARAMS = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "seed": 7, "eos_id": 2}
+
+
+def _node(peer_id: str, wire: MemoryWire) -> Node:
+    node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu",
+                           base_checkpoint=str(base_checkpoint_dir())),
+                SimpleNamespace(peer_id=peer_id), peers=wire.sender(peer_id), coordinator=RecordingCoordinator())
+    wire.attach(peer_id, node.on_peer)
+    return node
+
+
+def _welcome(stage: int, source: str = "checkpoint", source_peer: str | None = None) -> dict:
+    return {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": stage, "layer_end": stage + 1,
+            "num_layers": 2, "source": source, "source_peer": source_peer, "stage_checkpoint": None,
+            "version": 0, "run": RunConfig().to_dict(), "run_id": "run-test", "signal_url": "ws://127.0.0.1:9/s"}
+
+
+def _send(node: Node, message: dict) -> None:
+    """As the coordinator's websocket delivers it: JSON text, decoded into its typed message."""
+    node.on_coordinator(messages.decode_from_coordinator(json.dumps(message)))
+
+
+async def _until(what: str, check, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+    return result
+
+
+def _sent(node: Node, kind: type) -> list:
+    return node.ctx.coordinator.of_type(kind)
+
+
+def _run(scenario, nodes: list[Node]) -> None:
+    async def bounded():
+        try:
+            await asyncio.wait_for(scenario(), 120)
+        finally:
+            for node in nodes:
+                await node.shutdown()
+    asyncio.run(bounded())
+
+
+def test_two_real_stages_generate_train_step_and_a_fresh_replica_loads_from_a_peer():
+    wire = MemoryWire()
+    nodes: list[Node] = []
+
+    async def scenario():
+        first, last, fresh = _node(P0, wire), _node(P1, wire), _node(P2, wire)
+        nodes.extend([first, last, fresh])
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0, P2], [P1]], "version": 0})
+        _send(first, _welcome(0))
+        _send(last, _welcome(1))
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+
+        # generation: stage 0 embeds, stage 1 samples and reports; tokens go back to stage 0
+        route = [P0, P1]
+        _send(first, {"type": "gen", "job": "g1", "route": route, "prompt_ids": [[1, 5, 6], [1, 7, 8]],
+                      "params": PARAMS})
+        done = (await _until("gen_done", lambda: _sent(last, messages.GenDone)))[0]
+        assert len(done.tokens) == 2 and all(1 <= len(t) <= PARAMS["max_new_tokens"] for t in done.tokens)
+        assert done.versions == [0, 0] and first.ctx.counters["tokens_generated"] > 0
+
+        # one training micro-batch: forward through both stages, loss on the last, backward to stage 0
+        inputs = [[1, 5, 6, 9], [1, 7, 8, 10]]
+        targets = [[5, 6, 9, 2], [7, 8, 10, 2]]
+        _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": inputs})
+        _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": targets,
+                     "mask": [[False, True, True, True]] * 2, "behaviour": [[-1.0] * 4] * 2,
+                     "advantages": [1.0, -1.0], "normaliser": 6.0})
+        loss = (await _until("mb_loss", lambda: _sent(last, messages.MbLoss)))[0]
+        assert loss.tokens == 6
+        await _until("mb_done", lambda: _sent(first, messages.MbDone))
+
+        # the step: each stage (one replica each) applies and reports a new version
+        for node, trainers in ((first, [P0]), (last, [P1])):
+            _send(node, {"type": "apply", "step": 0, "version": 1, "replicas": trainers, "checkpoint": False})
+        for node in (first, last):
+            stepped = (await _until("stepped", lambda n=node: _sent(n, messages.Stepped)))[0]
+            assert stepped.version == 1 and stepped.grad_norm > 0 and node.rt.version == 1
+
+        # an activation from a peer the route does not name: refused, a strike against the sender
+        assert not wire.strikes[(P1, P2)]
+        await wire.send(P2, P1, messages.Drop(job="g1", route=route, hop=1))
+        assert "the route says" in wire.strikes[(P1, P2)][0]
+
+        # a fresh node joins stage 0 and loads it from the replica that holds it
+        _send(fresh, _welcome(0, source="peer", source_peer=P0))
+        ready = (await _until("the fresh replica ready", lambda: _sent(fresh, messages.Ready)))[0]
+        assert ready == messages.Ready(stage=0, version=1)
+        checksums = [await n.compute.run(n.rt.checksum) for n in (first, fresh)]
+        assert checksums[0] == checksums[1]
+
+    _run(scenario, nodes)
