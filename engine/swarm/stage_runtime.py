@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,6 +26,7 @@ from backends import registry
 from backends.base import OptimizerConfig, StageBackend, StageSpec, sample_from_logits
 from engine.atomic_file import atomic_write_bytes
 from engine.rl.objective import ObjectiveConfig, compute_objective
+from engine.rl.update import clip_scale
 
 log = logging.getLogger(__name__)
 
@@ -172,14 +174,22 @@ class StageRuntime:
         self._b().zero_grad()
 
     def apply(self, aggregated: Mapping[str, np.ndarray], max_grad_norm: float, version: int) -> float:
-        """Install the aggregated gradient, clip its norm, AdamW step; returns the pre-clip norm."""
+        """Install the aggregated gradient, clip its norm (the planner's per-stage rule,
+        :func:`engine.rl.update.clip_scale`), AdamW step; returns the pre-clip norm.
+
+        A non-finite aggregate (an overflowing or poisoned share) is not applied: the
+        weights stay as they are, the step is logged as skipped and 0.0 is returned;
+        every replica aggregates the same shares, so all of them skip it alike."""
         backend = self._b()
-        backend.set_grads(aggregated)
         norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in aggregated.values())))
-        scale = 1.0
-        if max_grad_norm > 0 and norm > max_grad_norm:
-            scale = max_grad_norm / (norm + 1e-12)
-        backend.step(scale)
+        if not math.isfinite(norm):
+            log.warning("stage %d: aggregated gradient of version %d is not finite; step skipped, weights kept",
+                        self.spec.stage_index if self.spec else -1, version)
+            backend.zero_grad()
+            self.version = version
+            return 0.0
+        backend.set_grads(aggregated)
+        backend.step(clip_scale(norm, max_grad_norm))
         self.version = version
         return norm
 

@@ -50,3 +50,18 @@ def test_a_corrupt_or_foreign_optimizer_file_costs_the_moments_not_the_weights(t
     assert all(float(v.max(initial=0.0)) == 0.0 for k, v in again.backend.optimizer_state().items()
                if k.endswith(".exp_avg_sq"))
     rt.close(), again.close()
+
+
+def test_a_non_finite_aggregated_gradient_is_skipped_and_the_weights_kept():
+    rt, _ = _trained_runtime()
+    before = {k: v.copy() for k, v in rt.state_dict().items()}
+    poisoned = {name: np.full(value.shape, 3e38, dtype=np.float32) for name, value in before.items()}
+    poisoned[next(iter(poisoned))][0] = np.nan
+    assert rt.apply(poisoned, max_grad_norm=1.0, version=9) == 0.0
+    assert rt.version == 9
+    for name, value in rt.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
+    finite = {name: np.full(value.shape, 1e-3, dtype=np.float32) for name, value in before.items()}
+    assert rt.apply(finite, max_grad_norm=1.0, version=10) > 0
+    assert any(not np.array_equal(rt.state_dict()[n], before[n]) for n in before)
+    rt.close()
