@@ -110,3 +110,33 @@ def test_polis_import_command_reports_the_result_and_errors_with_exit_status(tmp
     (tmp_path / "fake.gguf").write_bytes(b"NOPE")
     assert cli.main(["import", str(tmp_path / "fake.gguf"), "--out", str(tmp_path / "o3")]) == 1
     assert "not a GGUF file" in capsys.readouterr().err
+
+
+def _tiny_source(directory, model_type):
+    """The tiny tied Llama's tokenizer files with a random untied model of ``model_type``."""
+    from engine.model.random_checkpoint import small_config, write_random_checkpoint
+
+    tied = write_tiny_tied_llama(directory / "tied")
+    vocab = Checkpoint(tied).config.vocab_size
+    source = write_random_checkpoint(directory / model_type, small_config(vocab, model_type=model_type))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (source / name).write_bytes((tied / name).read_bytes())
+    return source
+
+
+def test_a_qwen2_directory_imports_with_identical_logits(tmp_path):
+    pytest.importorskip("transformers")
+    source = _tiny_source(tmp_path, "qwen2")
+    result = import_model(source, tmp_path / "out")
+    assert result.model_type == "qwen2" and result.runs_in_polis and not Checkpoint(tmp_path / "out").config.tie_word_embeddings
+    tokens = [[1, 5, 70, 200, 3, 9]]
+    np.testing.assert_array_equal(_logits(tmp_path / "out", tokens), _logits(source, tokens))
+
+
+def test_a_qwen3_directory_imports_for_transformers_and_says_polis_cannot_run_it_yet(tmp_path):
+    source = _tiny_source(tmp_path, "llama")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    result = import_model(source, tmp_path / "out")
+    assert result.model_type == "qwen3" and not result.runs_in_polis and result.num_parameters is None
+    assert any("qwen3" in note and "polis node" in note for note in result.notes)
