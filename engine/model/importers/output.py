@@ -113,11 +113,13 @@ def finish(staging: Path, out_dir: Path, *, name: str, source: str, kind: str, o
 
 def _make_readable(directory: Path) -> None:
     """Give the staged directory and its files the modes a plain mkdir/open would (mkdtemp makes them private)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(directory, 0o777 & ~umask)
+    probe = directory / ".mode-probe"  # a plain mkdir shows the umask without changing it process-wide
+    probe.mkdir()
+    mode = probe.stat().st_mode & 0o777
+    probe.rmdir()
+    os.chmod(directory, mode)
     for path in directory.iterdir():
-        os.chmod(path, 0o666 & ~umask)
+        os.chmod(path, mode & 0o666)
 
 
 def _normalise_and_check(staging: Path, out_dir: Path, *, name: str, source: str, kind: str) -> ImportResult:
