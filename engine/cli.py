@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import sys
 from typing import Sequence
 
-from engine import __version__
+from engine import __version__, extras
 
 #: command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("engine.swarm.node_cli", "run a node that contributes one pipeline stage"),
     "coordinator": ("engine.swarm.coordinator_cli", "run a coordinator (signalling, tasks, ledger)"),
     "demo": ("engine.swarm.demo", "run the main job on this machine with the embedded defaults"),
+    "import": ("engine.model.importers.command", "make a Polis base from an HF directory, a .gguf file or smollm2-135m"),
     "check-model": ("engine.model.sharded_check", "check sharded generation across backends against transformers"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
 }
@@ -36,11 +36,12 @@ BENCHES: dict[str, tuple[str, str]] = {
     "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
 }
 
-#: module -> packages it needs beyond what contributing needs; the installed desktop app
-#: (installer/polis.spec) leaves these out, so the command explains instead of failing deep inside.
+#: module -> packages it needs beyond what contributing needs (the ``real-model`` extra); the
+#: installed desktop app (installer/polis.spec) leaves these out too, so the command says what to
+#: install instead of failing deep inside. (``polis import`` checks its own needs per source.)
 REQUIRES: dict[str, tuple[str, ...]] = {
-    "engine.model.sharded_check": ("transformers",),
-    "engine.bench.shard": ("transformers",),
+    "engine.model.sharded_check": ("torch", "transformers"),
+    "engine.bench.shard": ("torch", "transformers"),
 }
 
 
@@ -71,11 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_module(module_name: str, prog: str, argv: Sequence[str], help_text: str) -> int:
-    missing = [name for name in REQUIRES.get(module_name, ()) if importlib.util.find_spec(name) is None]
-    if missing:
-        print(f"polis: '{prog}' needs {', '.join(missing)}, which this build leaves out (the installed app "
-              f"ships only what contributing needs); run it from a source checkout (make install)",
-              file=sys.stderr)
+    absent = extras.missing(REQUIRES.get(module_name, ()))
+    if absent:
+        print(f"polis: {extras.MissingExtra(f'{prog!r}', absent)}", file=sys.stderr)
         return 2
     module = _load(module_name)
     if module is None:

@@ -46,3 +46,15 @@ def reference_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, eos
                              min_new_tokens=0, do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id,
                              attention_mask=torch.ones(1, len(prompt), dtype=torch.int64))
     return out[0, len(prompt):].tolist()
+
+
+def reference_logits_fp64(model: Any, tokens: np.ndarray) -> np.ndarray:
+    """Logits ``float64 [B, T, V]`` of the model in float64 — the yardstick's own rounding, measured.
+
+    Converts ``model`` to float64 in place (callers use it last).
+    """
+    import torch
+
+    model.to(torch.float64)
+    with torch.no_grad():
+        return model(torch.from_numpy(np.asarray(tokens, dtype=np.int64))).logits.numpy()

@@ -33,6 +33,8 @@ from engine.model.sharded_decode import greedy_decode
 from engine.model.tokenizer import TOKENIZER_FILE, CharTokenizer
 
 DEFAULT_PROMPTS = ("rev:12345=", "sort:31415=", "add:12+34=")
+#: prompts for a chat model (each sent as one user turn through its chat template)
+DEFAULT_CHAT_PROMPTS = ("What is 3 + 4?", "Spell the word cat backwards.")
 #: largest logit difference accepted by the demo's check (the fp32 target of the bench is 1e-5)
 CHECK_ATOL = 1e-4
 
@@ -72,11 +74,14 @@ def _choose_checkpoint(requested: Path | None, tmp: Path) -> tuple[Path, str]:
 def _demo(checkpoint_dir: Path, origin: str, args: argparse.Namespace) -> int:
     from engine.model.reference import load_reference_model, reference_greedy, reference_logits
 
+    from engine.rl.codec import ChatCodec, load_codec
+
     checkpoint = Checkpoint(checkpoint_dir)
     config = checkpoint.config
-    tokenizer = CharTokenizer.load(checkpoint_dir) if (checkpoint_dir / TOKENIZER_FILE).exists() else None
-    if tokenizer is None:
+    codec = load_codec(checkpoint_dir) if (checkpoint_dir / TOKENIZER_FILE).exists() else None
+    if codec is None:
         print("no tokenizer.json in the checkpoint: prompts are shown as token ids")
+    chat = isinstance(codec, ChatCodec) and codec.template is not None
     num_stages = args.stages or min(2, config.num_hidden_layers)
     names = args.backends.split(",") if args.backends else registry.available()
     plan = plan_stages(config.num_hidden_layers, num_stages)
@@ -90,12 +95,16 @@ def _demo(checkpoint_dir: Path, origin: str, args: argparse.Namespace) -> int:
         print(f"  stage {spec.stage_index + 1}/{num_stages}: {spec.describe(config.num_hidden_layers):<16} "
               f"{stage.name} on {stage.device}")
     reference = load_reference_model(checkpoint_dir)
-    eos = tokenizer.eos_id if tokenizer else config.eos_token_id
+    eos = codec.eos_id if codec else config.eos_token_id
 
     worst, all_match, sharded_s, reference_s, generated = 0.0, True, 0.0, 0.0, 0
-    for text in args.prompt or DEFAULT_PROMPTS:
-        prompt = (tokenizer.encode(text, add_bos=True) if tokenizer
-                  else [int(c) % config.vocab_size for c in text.encode()])
+    for text in args.prompt or (DEFAULT_CHAT_PROMPTS if chat else DEFAULT_PROMPTS):
+        if chat:
+            prompt = codec.encode_messages([{"role": "user", "content": text}])
+        elif codec is not None:
+            prompt = codec.encode(text) if isinstance(codec, ChatCodec) else codec.encode_prompt(text)
+        else:
+            prompt = [int(c) % config.vocab_size for c in text.encode()]
         start = time.perf_counter()
         new, step_logits = greedy_decode(stages, np.array([prompt], np.int64), args.max_new_tokens, eos)
         sharded_s += time.perf_counter() - start
@@ -109,7 +118,8 @@ def _demo(checkpoint_dir: Path, origin: str, args: argparse.Namespace) -> int:
         worst = max(worst, diff)
         match = new == expected
         all_match &= match
-        shown = tokenizer.decode(new) if tokenizer else str(new)
+        shown = (codec.decode_completion(new) if isinstance(codec, ChatCodec) else codec.decode_lenient(new)
+                 if codec else str(new))
         print(f"  {text!r} -> {shown!r}  ({len(new)} tokens, max |logit diff| {diff:.1e}, "
               f"{'same as' if match else 'DIFFERENT from'} transformers generate)")
     for stage in stages:

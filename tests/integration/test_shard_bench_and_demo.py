@@ -25,6 +25,15 @@ def test_demo_generates_through_stages_and_matches_transformers(tmp_path, monkey
     assert "stage 2/2" in out and "same as transformers generate" in out and "-> OK" in out
 
 
+def test_check_model_on_a_tied_chat_model_sends_prompts_through_its_chat_template(tmp_path, capsys):
+    from tests.support.tiny_tied_llama import write_tiny_tied_llama
+
+    model = write_tiny_tied_llama(tmp_path / "tiny")
+    assert demo.main(["--checkpoint", str(model), "--max-new-tokens", "5", "--backends", "torch,mlx"]) == 0
+    out = capsys.readouterr().out
+    assert "'What is 3 + 4?' ->" in out and "same as transformers generate" in out and "-> OK" in out
+
+
 @pytest.mark.slow
 def test_bench_shard_reports_accuracy_and_one_stage_load_memory_near_one_over_s(tmp_path):
     num_stages = 2  # each load is measured in its own process: S + 1 of them
@@ -35,11 +44,12 @@ def test_bench_shard_reports_accuracy_and_one_stage_load_memory_near_one_over_s(
                             capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["stages"] == num_stages
-    for backend, diff in report["max_abs_diff"].items():
-        assert diff is not None or backend in report["unavailable"]
+    (run,) = report["runs"]
+    assert run["stages"] == num_stages and report["ok"]
+    for backend, diff in run["max_abs_diff"].items():
+        assert diff is not None or backend in run["skipped"]
         assert diff is None or diff <= report["max_abs_diff_target"]
-    assert report["forward_tokens_per_s"]["torch"] > 0
-    full, stage = report["full_load_peak_mb"], report["stage_load_peak_mb"]
+    assert run["forward_tokens_per_s"]["torch"] > 0
+    full, stage = report["full_load_peak_mb"], run["stage_load_peak_mb"]
     assert full >= 0.9 * report["full_fp32_mb"]  # the probe sees the whole load
     assert stage <= full / num_stages + 12  # 1/S of the model plus a small constant (MB)

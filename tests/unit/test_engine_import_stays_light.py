@@ -11,7 +11,9 @@ MODULES = ["engine", "backends", "backends.base", "backends.registry", "backends
            "engine.model.loader", "engine.model.random_checkpoint", "engine.model.reference",
            "engine.model.sharded_decode", "engine.bench.shard", "engine.bench.load_probe",
            "engine.model.sharded_check", "engine.swarm.node", "engine.swarm.coordinator", "engine.swarm.demo",
-           "engine.cli"]
+           "engine.cli", "engine.extras", "engine.model.chat_template", "engine.model.importers",
+           "engine.model.importers.command", "engine.model.importers.hf_dir", "engine.model.importers.gguf_file",
+           "engine.model.importers.smollm2", "engine.rl.codec"]
 
 
 def test_engine_and_model_modules_import_without_torch_mlx_or_qt():
