@@ -188,13 +188,6 @@ class MessageSet(Generic[M]):
         except (msgspec.ValidationError, RecursionError) as exc:
             raise _violation(self.family, exc) from None
 
-    def validate(self, value: Any) -> dict:
-        """Compatibility with the old dict validators: validate a map, return it as plain builtins.
-
-        Temporary (for callers that still handle dicts); new code decodes to structs.
-        """
-        return to_dict(self.convert(value))  # type: ignore[arg-type]
-
 
 def encode_json(message: msgspec.Struct) -> str:
     """A message as compact JSON text (websocket ``send_str`` wants ``str``)."""

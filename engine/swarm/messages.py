@@ -36,9 +36,6 @@ and of the weight stream to inference replicas (``engine.swarm.inference_replica
     inference replica --served--> coordinator (the version it now generates with)
     leader without a stream to a replica --wlead--> it; it answers --weights_req(stream)--> leader
 
-``COORDINATOR_TO_NODE.validate(dict) -> dict`` (and the same for the other two sets)
-is a temporary compatibility layer for handlers that still take dicts.
-
 It knows the shapes of messages, not what nodes or the coordinator do with them.
 """
 
