@@ -1,6 +1,8 @@
 """``polis`` / ``polis gui``: opens the desktop app (QApplication, main window, tray icon).
 
-Sets up the per-user settings store, the contribution totals file and the log
+On Linux it first checks that the system libraries of Qt's X11 plugin are
+installed (``app.qt_platform_check``) and, if not, prints the install line and
+exits 1. Then it sets up the per-user settings store, the contribution totals file and the log
 files in the user data directory, then runs the Qt event loop. The node itself
 runs as a child process (see ``app.node_controller``). ``--screenshot`` saves an
 image of the window after a delay and exits (used for the README screenshot).
@@ -41,6 +43,12 @@ def _log_to_file(log_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app import qt_platform_check
+
+    missing = qt_platform_check.check()
+    if missing is not None:  # Qt would abort with a misleading message: say what to install instead
+        qt_platform_check.report(missing)
+        return 1
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
