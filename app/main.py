@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save a picture of the window to PNG after --screenshot-after-s seconds, then quit")
     parser.add_argument("--screenshot-after-s", type=float, default=8.0)
     parser.add_argument("--size", default=None, metavar="WxH", help="window size in pixels, e.g. 1200x860")
+    parser.add_argument("--check-system", action="store_true",
+                        help="check the system libraries the window needs (Linux), print what to install, exit")
 
 
 def _log_to_file(log_dir: Path) -> None:
@@ -46,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from app import qt_platform_check
 
     missing = qt_platform_check.check()
+    if args.check_system:
+        print(qt_platform_check.message(missing) if missing else "All the system libraries the Polis window needs "
+              "are installed.")
+        return 1 if missing else 0
     if missing is not None:  # Qt would abort with a misleading message: say what to install instead
         qt_platform_check.report(missing)
         return 1

@@ -54,3 +54,23 @@ def test_polis_prints_the_install_line_instead_of_qts_abort(tmp_path):
     assert done.returncode == 1
     assert "libxcb-keysyms.so.1" in done.stderr
     assert check.install_command(["libxcb-keysyms.so.1"]) in done.stderr
+
+
+def test_the_linux_download_declares_the_same_packages_the_launch_check_knows(tmp_path):
+    import tarfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "installer"))
+    import os_packages
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "polis").write_text("#!/bin/sh\necho polis\n")
+    (archive,) = os_packages.package_linux(bundle, tmp_path, "1.0")
+    with tarfile.open(archive) as tar:
+        name = next(n for n in tar.getnames() if n.endswith("/SYSTEM-PACKAGES.txt"))
+        text = tar.extractfile(name).read().decode()
+    assert f"sudo apt-get install {' '.join(check.DEBIAN_PACKAGES)}" in text
+    assert "libxcb-icccm4" in text and "libxcb-keysyms1" in text and "libxcb-cursor0" in text
+    assert f"sudo dnf install {' '.join(check.FEDORA_PACKAGES)}" in text
+    script = (Path(__file__).resolve().parents[2] / "installer" / "linux" / "install.sh").read_text()
+    assert "--check-system" in script
