@@ -44,18 +44,11 @@ def _log_to_file(log_dir: Path) -> None:
         root.setLevel(logging.INFO)
 
 
-def run(args: argparse.Namespace) -> int:
-    from app import qt_platform_check
+def build_window(args: argparse.Namespace):
+    """The QApplication and the main window as ``polis`` opens them (shown unless ``--minimized``).
 
-    missing = qt_platform_check.check()
-    if args.check_system:
-        print(qt_platform_check.message(missing) if missing else "All the system libraries the Polis window needs "
-              "are installed.")
-        return 1 if missing else 0
-    if missing is not None:  # Qt would abort with a misleading message: say what to install instead
-        qt_platform_check.report(missing)
-        return 1
-    from PySide6.QtCore import QTimer
+    The real-window check (``tests/gui/real_window.py``) builds the window through this too.
+    """
     from PySide6.QtWidgets import QApplication
 
     from app.contribution import ContributionLedger
@@ -78,6 +71,23 @@ def run(args: argparse.Namespace) -> int:
         window.resize(width, height)
     if not (args.minimized and window.tray.available):
         window.show()
+    return app, window
+
+
+def run(args: argparse.Namespace) -> int:
+    from app import qt_platform_check
+
+    missing = qt_platform_check.check()
+    if args.check_system:
+        print(qt_platform_check.message(missing) if missing else "All the system libraries the Polis window needs "
+              "are installed.")
+        return 1 if missing else 0
+    if missing is not None:  # Qt would abort with a misleading message: say what to install instead
+        qt_platform_check.report(missing)
+        return 1
+    from PySide6.QtCore import QTimer
+
+    app, window = build_window(args)
     if args.start and window.settings.consent_given:
         window.start_node()
     elif args.start:
