@@ -60,10 +60,8 @@ def classify(raw: str) -> LogLine:
     """One stderr line of the node as a :class:`LogLine`."""
     text = raw.rstrip()
     match = _LINE.match(text)
-    if not match:  # a traceback line or a plain print: detail unless it says it is an error
-        lowered = text.lower()
-        is_error = lowered.startswith("polis node:") or "error" in lowered[:40] or lowered.startswith("traceback")
-        return LogLine(None, "error" if is_error else "info", text, detail=not is_error)
+    if not match:  # a traceback or a plain print ("polis node: ..."): each repeats an event the window shows
+        return LogLine(None, "error" if text.startswith("Traceback") else "info", text, detail=True)
     clock, level, source, message = match.groups()
     level = {"CRITICAL": "error"}.get(level, level.lower())
     worded = _link_words(message)

@@ -42,6 +42,9 @@ from app.widgets.overview import OverviewPage
 
 log = logging.getLogger(__name__)
 
+_START_WORDS = {"lan": "looking for a swarm on this network", "coordinator": "joining the coordinator you set",
+                "demo": "running a local demo swarm on this computer (a coordinator and four nodes)"}
+
 class MainWindow(QMainWindow):
     def __init__(self, store: QSettings, *, controller: NodeController | None = None,
                  ledger: ContributionLedger, log_dir: Path | None = None, tray_available: bool | None = None,
@@ -62,6 +65,7 @@ class MainWindow(QMainWindow):
         self._schedule_reason = ""
         self._quitting = False
         self.welcome: WelcomeDialog | None = None
+        self._key_notice_shown = False
         self._last_hello: dict[str, Any] | None = None
         self.settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Polis")
@@ -186,7 +190,7 @@ class MainWindow(QMainWindow):
         self.banner.clear()
         self.schedule_paused = False
         self.run.start(self.settings.swarm_mode)
-        self.log_view.append("info", f"Starting the node ({SWARM_MODE_LABELS[self.settings.swarm_mode].lower()}).")
+        self.log_view.append("info", f"Starting the node: {_START_WORDS.get(self.settings.swarm_mode, '')}.")
         self.controller.start(node_arguments(self.settings))
         self._render()
 
@@ -317,7 +321,8 @@ class MainWindow(QMainWindow):
         memory_words = f" · {memory:g} GB" if isinstance(memory, (int, float)) and not isinstance(memory, bool) else ""
         self.device_label.setText(f"This computer: {str(hello.get('device') or 'unknown device')[:80]}{memory_words}"
                                   f" · backend {str(hello.get('backend') or '?')[:30]}")
-        if hello.get("key_storage") == "file":
+        if hello.get("key_storage") == "file" and not self._key_notice_shown:
+            self._key_notice_shown = True
             self.log_view.append("warning", "No usable system keyring: your identity key is kept in a private "
                                             "file in the Polis data folder.")
         self.apply_schedule()
@@ -369,9 +374,11 @@ class MainWindow(QMainWindow):
 
     def _on_stopped(self) -> None:
         self.schedule_paused = False
+        restarting = self.run.phase == "restarting"
         self.run.process_stopped()
         self._render()
-        self.log_view.append("info", "The node stopped; this computer is free.")
+        self.log_view.append("info", "The node stopped; starting it again with the new settings." if restarting
+                             else "The node stopped; this computer is free.")
 
     def _on_crashed(self, report: CrashReport) -> None:
         msg = error_hints.explain_crash(report.exit_code, report.killed_by_signal, report.stderr_tail)

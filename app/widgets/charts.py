@@ -73,7 +73,7 @@ class _ChartCard(QFrame):
         layout.addWidget(self.plot, 1)
         self.caption_label = QLabel()
         self.caption_label.setObjectName("Muted")
-        self.caption_label.setWordWrap(True)
+        self.caption_label.setWordWrap(False)
         self.caption_label.setStyleSheet("font-size: 11px;")
         self.caption_label.hide()
         layout.addWidget(self.caption_label)
@@ -85,10 +85,10 @@ class _ChartCard(QFrame):
         self.legend_label.setText(_legend_html(entries))
         self.legend_label.setVisible(bool(entries))
 
-    def set_caption(self, text: str) -> None:
+    def set_caption(self, text: str, tooltip: str = "") -> None:
         self.caption_label.setText(text)
         self.caption_label.setVisible(bool(text))
-        self.setToolTip(text)
+        self.setToolTip(tooltip or text)
 
     def set_placeholder(self, text: str, x: float = 0.5, y: float = 0.5) -> None:
         self.placeholder.setText(text)
@@ -98,8 +98,9 @@ class _ChartCard(QFrame):
         """Both axes from 0 (the series are non-negative) to the data's maximum, never a range around 0."""
         x_top = max([1.0, *xs])
         top = max([y_top, *ys])
-        self.plot.setXRange(0, x_top * 1.04, padding=0)
-        self.plot.setYRange(0, top * 1.12, padding=0)
+        # a hair below 0, so that the 0 tick is drawn and labelled
+        self.plot.setXRange(-0.01 * x_top, x_top * 1.04, padding=0)
+        self.plot.setYRange(-0.01 * top, top * 1.12, padding=0)
 
     def label_latest(self, points: list[tuple[float, float, str, str]]) -> None:
         """One label per series at its latest point: (x, y, text, colour)."""
@@ -122,9 +123,10 @@ class _ChartCard(QFrame):
         return [item.toPlainText() for item in self._value_labels if item.isVisible()]
 
 
-ACCURACY_CAPTION = ("Held-out accuracy: share of prompts the model never trains on that it answers exactly right "
-                    "(greedy). Mean reward: the training samples' average score, where nearly-right answers get "
-                    "partial credit, so it sits above accuracy.")
+ACCURACY_CAPTION = "Accuracy counts exact answers only; reward gives partial credit, so it runs higher."
+ACCURACY_TOOLTIP = ("Held-out accuracy: the share of prompts the model never trains on that it answers exactly "
+                    "right (greedy decoding). Mean reward: the average score of the training samples, where "
+                    "nearly-right answers get partial credit, so it sits above accuracy.")
 
 
 class SwarmProgressChart(_ChartCard):
@@ -139,7 +141,7 @@ class SwarmProgressChart(_ChartCard):
         self.reward_curve = self.plot.plot([], [], name="mean reward", pen=pg.mkPen(style.GOOD, width=2),
                                            symbol="o", symbolSize=4, symbolBrush=style.GOOD, symbolPen=None)
         self.set_legend([("held-out accuracy (exact match)", style.ACCENT), ("mean reward (partial credit)", style.GOOD)])
-        self.set_caption(ACCURACY_CAPTION)
+        self.set_caption(ACCURACY_CAPTION, ACCURACY_TOOLTIP)
         self.fit_from_zero([], [])
         self.set_placeholder("Appears after the swarm's first evaluation")
 
@@ -158,7 +160,7 @@ class SwarmProgressChart(_ChartCard):
             labels.append((rew_x[-1], rew_y[-1], f"{rew_y[-1]:.2f}", style.GOOD))
         self.label_latest(labels)
         if isinstance(task, str) and task:
-            self.set_caption(f"Task: {task[:40]}. {ACCURACY_CAPTION}")
+            self.set_caption(f"Task: {task[:40]}. {ACCURACY_CAPTION}", ACCURACY_TOOLTIP)
 
     def point_count(self) -> int:
         data = self.accuracy_curve.xData

@@ -31,6 +31,7 @@ class HeroCard(QFrame):
         self.button = QPushButton(START_TEXT)
         self.button.setObjectName("PrimaryButton")
         self.button.setMinimumSize(230, 64)
+        self.button.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.button.clicked.connect(self.toggle_clicked.emit)
         layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignVCenter)

@@ -12,8 +12,8 @@ clicks on the widgets:
    network" (never green, no time counted) and offer "Run a local demo instead";
 2. clicks that button: the node restarts as the local demo (the same swarm as
    ``polis demo``) and must turn green only once tokens flow;
-3. waits until the policy version moves and the held-out accuracy rises above the
-   version-0 evaluation;
+3. waits until the policy version moves and the held-out accuracy rises 5 points
+   above the version-0 evaluation (then, with ``--learn-for-s``, keeps learning);
 4. shows the Log tab, then quits through the window (as the tray's Quit does).
 
 Screenshots of the whole screen (``import -window root``) at those points go to
@@ -79,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="folder for the screenshots")
     parser.add_argument("--rise-timeout-s", type=float, default=600.0)
+    parser.add_argument("--learn-for-s", type=float, default=0.0,
+                        help="after the rise, keep learning until this many seconds after the demo click "
+                             "(the docs/ pictures use 300)")
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--summary", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drive:
         from tests.gui.real_window_driver import drive
 
-        return drive(args.out, args.summary, args.rise_timeout_s)
+        return drive(args.out, args.summary, args.rise_timeout_s, args.learn_for_s)
     missing = missing_tools()
     if missing or not sys.platform.startswith("linux"):
         print(f"real_window: needs Linux with {', '.join(missing or ['Xvfb', 'import'])}", file=sys.stderr)
@@ -107,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         env.pop("POLIS_NODE_COMMAND", None)
         env.pop("WAYLAND_DISPLAY", None)
         driver = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--drive", "--out", str(args.out),
-                                   "--summary", str(summary_path), "--rise-timeout-s", str(args.rise_timeout_s)],
+                                   "--summary", str(summary_path), "--rise-timeout-s", str(args.rise_timeout_s),
+                                   "--learn-for-s", str(args.learn_for_s)],
                                   cwd=REPO, env=env)
         try:
-            code = driver.wait(timeout=args.rise_timeout_s + 420)
+            code = driver.wait(timeout=args.rise_timeout_s + args.learn_for_s + 480)
         except subprocess.TimeoutExpired:
             driver.send_signal(signal.SIGINT)
             code = driver.wait(timeout=30)

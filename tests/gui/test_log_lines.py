@@ -26,6 +26,7 @@ def test_link_events_are_worded_for_people():
     assert debug.detail
 
 
-def test_a_plain_error_line_is_shown_and_traceback_noise_is_a_detail():
-    assert not classify("polis node: could not bind port").detail
+def test_plain_lines_repeat_events_the_window_shows_so_they_are_details():
+    assert classify("polis node: no coordinator answered on the LAN; hosting one").detail
     assert classify('  File "x.py", line 3, in f').detail
+    assert classify("Traceback (most recent call last):").level == "error"
