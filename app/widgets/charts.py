@@ -36,13 +36,16 @@ def _points(items: Any, key: str) -> tuple[list[float], list[float]]:
     return [xs[i] for i in order], [ys[i] for i in order]
 
 
-def _legend_html(entries: list[tuple[str, str]]) -> str:
-    return "&nbsp;&nbsp;&nbsp;".join(f'<span style="color:{color}">●</span> {html.escape(name)}' for name, color in entries)
+def _legend_html(entries: list[tuple[str, str, str]]) -> str:
+    return "&nbsp;&nbsp;&nbsp;&nbsp;".join(
+        f'<span style="color:{color}">●</span> {html.escape(name)}'
+        + (f': <b style="color:{color}">{html.escape(value)}</b>' if value else "")
+        for name, color, value in entries)
 
 
 class _ChartCard(QFrame):
-    """A titled card with a plot whose axes start at 0, a legend above the plot (never over the
-    data), labels at the latest points and an optional caption under it."""
+    """A titled card with a plot whose axes start at 0, a legend above the plot that also holds
+    each series' latest value (so neither ever covers the data), and an optional caption under it."""
 
     def __init__(self, title: str, subtitle: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -61,7 +64,7 @@ class _ChartCard(QFrame):
         self.legend_label.hide()
         layout.addWidget(self.legend_label)
         self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(150)
+        self.plot.setMinimumHeight(120)
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(x=False, y=False)
@@ -79,11 +82,13 @@ class _ChartCard(QFrame):
         layout.addWidget(self.caption_label)
         self.placeholder = pg.TextItem("", color=style.MUTED, anchor=(0.5, 0.5))
         self.plot.addItem(self.placeholder, ignoreBounds=True)
-        self._value_labels: list[pg.TextItem] = []
+        self._latest: list[str] = []
 
-    def set_legend(self, entries: list[tuple[str, str]]) -> None:
+    def set_legend(self, entries: list[tuple[str, str, str]]) -> None:
+        """(series name, colour, latest value in words or "") per series."""
         self.legend_label.setText(_legend_html(entries))
         self.legend_label.setVisible(bool(entries))
+        self._latest = [value for _, _, value in entries if value]
 
     def set_caption(self, text: str, tooltip: str = "") -> None:
         self.caption_label.setText(text)
@@ -99,28 +104,13 @@ class _ChartCard(QFrame):
         x_top = max([1.0, *xs])
         top = max([y_top, *ys])
         # a hair below 0, so that the 0 tick is drawn and labelled
-        self.plot.setXRange(-0.01 * x_top, x_top * 1.04, padding=0)
-        self.plot.setYRange(-0.01 * top, top * 1.12, padding=0)
-
-    def label_latest(self, points: list[tuple[float, float, str, str]]) -> None:
-        """One label per series at its latest point: (x, y, text, colour)."""
-        while len(self._value_labels) < len(points):
-            item = pg.TextItem("", anchor=(1.0, 1.0))
-            self.plot.addItem(item, ignoreBounds=True)
-            self._value_labels.append(item)
-        for i, item in enumerate(self._value_labels):
-            if i < len(points):
-                x, y, text, color = points[i]
-                item.setColor(color)
-                item.setText(text)
-                item.setPos(x, y)
-                item.show()
-            else:
-                item.hide()
+        self.plot.setXRange(-0.01 * x_top, x_top * 1.02, padding=0)
+        self.plot.setYRange(-0.05 * top, top * 1.06, padding=0)  # room for the 0 label, centred on its tick
 
     @property
     def latest_labels(self) -> list[str]:
-        return [item.toPlainText() for item in self._value_labels if item.isVisible()]
+        """The latest values the legend shows, in words."""
+        return list(self._latest)
 
 
 ACCURACY_CAPTION = "Accuracy counts exact answers only; reward gives partial credit, so it runs higher."
@@ -140,7 +130,7 @@ class SwarmProgressChart(_ChartCard):
                                              symbolPen=None)
         self.reward_curve = self.plot.plot([], [], name="mean reward", pen=pg.mkPen(style.GOOD, width=2),
                                            symbol="o", symbolSize=4, symbolBrush=style.GOOD, symbolPen=None)
-        self.set_legend([("held-out accuracy (exact match)", style.ACCENT), ("mean reward (partial credit)", style.GOOD)])
+        self._legend_values("", "")
         self.set_caption(ACCURACY_CAPTION, ACCURACY_TOOLTIP)
         self.fit_from_zero([], [])
         self.set_placeholder("Appears after the swarm's first evaluation")
@@ -153,14 +143,14 @@ class SwarmProgressChart(_ChartCard):
         self.fit_from_zero(acc_x + rew_x, acc_y + rew_y)
         x_mid = max([1.0, *acc_x, *rew_x]) / 2
         self.set_placeholder("" if acc_x else "Appears after the swarm's first evaluation", x_mid, 0.5)
-        labels = []
-        if acc_x:
-            labels.append((acc_x[-1], acc_y[-1], f"{acc_y[-1]:.0%}", style.ACCENT))
-        if rew_x:
-            labels.append((rew_x[-1], rew_y[-1], f"{rew_y[-1]:.2f}", style.GOOD))
-        self.label_latest(labels)
+        self._legend_values(f"{acc_y[-1]:.0%} at v{acc_x[-1]:.0f}" if acc_x else "",
+                            f"{rew_y[-1]:.2f} at v{rew_x[-1]:.0f}" if rew_x else "")
         if isinstance(task, str) and task:
             self.set_caption(f"Task: {task[:40]}. {ACCURACY_CAPTION}", ACCURACY_TOOLTIP)
+
+    def _legend_values(self, accuracy: str, reward: str) -> None:
+        self.set_legend([("held-out accuracy (exact match)", style.ACCENT, accuracy),
+                         ("mean reward (partial credit)", style.GOOD, reward)])
 
     def point_count(self) -> int:
         data = self.accuracy_curve.xData
@@ -181,6 +171,7 @@ class ThroughputChart(_ChartCard):
         fill = pg.mkBrush(79, 70, 229, 40)
         self.curve = self.plot.plot([], [], pen=pg.mkPen(style.ACCENT, width=2), fillLevel=0, brush=fill)
         self.fit_from_zero([], [])
+        self.set_legend([("tokens per second", style.ACCENT, "")])
         self.set_placeholder("Appears once your node is contributing")
 
     def add_sample(self, tokens_per_s: float, at: float | None = None) -> None:
@@ -208,7 +199,7 @@ class ThroughputChart(_ChartCard):
         xs = [x / divisor for x in self._xs]
         self.curve.setData(xs, self._ys)
         self.fit_from_zero(xs, self._ys)
-        self.label_latest([(xs[-1], self._ys[-1], f"{self._ys[-1]:.0f} tokens/s", style.ACCENT)])
+        self.set_legend([("tokens per second", style.ACCENT, f"{self._ys[-1]:.0f} now")])
 
     def samples(self) -> Iterable[float]:
         return list(self._ys)

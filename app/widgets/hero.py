@@ -34,8 +34,15 @@ class HeroCard(QFrame):
         self.button.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.button.clicked.connect(self.toggle_clicked.emit)
-        layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignVCenter)
-        text = QVBoxLayout()
+        left = QVBoxLayout()
+        left.addStretch(1)
+        left.addWidget(self.button)
+        left.addStretch(1)
+        layout.addLayout(left, 0)
+        column = QWidget()  # the words take all the width the button leaves
+        column.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        text = QVBoxLayout(column)
+        text.setContentsMargins(0, 0, 0, 0)
         text.setSpacing(4)
         self.state_label = QLabel()
         self.state_label.setTextFormat(Qt.TextFormat.RichText)
@@ -54,7 +61,7 @@ class HeroCard(QFrame):
         text.addWidget(self.action_button)
         text.addWidget(self.summary_label)
         text.addStretch(1)
-        layout.addLayout(text, 1)
+        layout.addWidget(column, 1)
         self._action = ""
         self.headline = ""
 
