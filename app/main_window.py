@@ -22,7 +22,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QPushButton, QTabWidget, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QMainWindow, QTabWidget, QVBoxLayout, QWidget,
 )
 
 from app import autostart, diagnostics, error_hints
@@ -31,19 +31,18 @@ from app.icons import app_icon
 from app.node_controller import CrashReport, NodeController
 from app.power_policy import IdleDetector, MachineState, battery_state, may_run, read_machine_state
 from app.settings import SWARM_MODE_LABELS, AppSettings, load_settings, node_arguments, save_settings
-from app.run_state import RunState, RunView
+from app.run_state import START_WORDS, RunState, RunView
 from app.settings_dialog import SettingsDialog
 from app.style import style_sheet
 from app.tray import TrayIcon
 from app.welcome_dialog import WelcomeDialog
 from app.widgets.banner import MessageBanner
+from app.widgets.header import Header
 from app.widgets.log_view import LogView
 from app.widgets.overview import OverviewPage
 
 log = logging.getLogger(__name__)
 
-_START_WORDS = {"lan": "looking for a swarm on this network", "coordinator": "joining the coordinator you set",
-                "demo": "running a local demo swarm on this computer (a coordinator and four nodes)"}
 
 class MainWindow(QMainWindow):
     def __init__(self, store: QSettings, *, controller: NodeController | None = None,
@@ -62,7 +61,6 @@ class MainWindow(QMainWindow):
         self._machine_state = machine_state or (lambda: read_machine_state(self.idle_detector))
         self.run = RunState(self.settings.swarm_mode)
         self.schedule_paused = False
-        self._schedule_reason = ""
         self._quitting = False
         self.welcome: WelcomeDialog | None = None
         self._key_notice_shown = False
@@ -105,24 +103,10 @@ class MainWindow(QMainWindow):
         outer = QVBoxLayout(root)
         outer.setContentsMargins(24, 18, 24, 16)
         outer.setSpacing(14)
-        header = QHBoxLayout()
-        header.setSpacing(12)
-        logo = QLabel()
-        logo.setPixmap(app_icon().pixmap(44, 44))
-        header.addWidget(logo)
-        titles = QVBoxLayout()
-        titles.setSpacing(0)
-        title = QLabel("Polis")
-        title.setObjectName("AppTitle")
-        self.device_label = QLabel("This computer: detected when the node starts")
-        self.device_label.setObjectName("Subtitle")
-        titles.addWidget(title)
-        titles.addWidget(self.device_label)
-        header.addLayout(titles, 1)
-        self.settings_button = QPushButton("Settings")
-        self.settings_button.clicked.connect(self.open_settings)
-        header.addWidget(self.settings_button)
-        outer.addLayout(header)
+        self.header = Header()
+        self.header.settings_clicked.connect(self.open_settings)
+        self.device_label, self.settings_button = self.header.device_label, self.header.settings_button
+        outer.addWidget(self.header)
         self.banner = MessageBanner()
         self.banner.action_clicked.connect(self._on_banner_action)
         outer.addWidget(self.banner)
@@ -190,7 +174,7 @@ class MainWindow(QMainWindow):
         self.banner.clear()
         self.schedule_paused = False
         self.run.start(self.settings.swarm_mode)
-        self.log_view.append("info", f"Starting the node: {_START_WORDS.get(self.settings.swarm_mode, '')}.")
+        self.log_view.append("info", f"Starting the node: {START_WORDS.get(self.settings.swarm_mode, '')}.")
         self.controller.start(node_arguments(self.settings))
         self._render()
 
@@ -301,7 +285,6 @@ class MainWindow(QMainWindow):
         allowed, reason = may_run(self.settings, self._machine_state())
         if not allowed and not self.schedule_paused:
             self.schedule_paused = True
-            self._schedule_reason = reason
             self.controller.pause()
             self.run.hold(reason)
             self.log_view.append("info", reason)
@@ -317,10 +300,7 @@ class MainWindow(QMainWindow):
 
     def _on_hello(self, hello: dict) -> None:
         self._last_hello = hello
-        memory = hello.get("memory_gb")
-        memory_words = f" · {memory:g} GB" if isinstance(memory, (int, float)) and not isinstance(memory, bool) else ""
-        self.device_label.setText(f"This computer: {str(hello.get('device') or 'unknown device')[:80]}{memory_words}"
-                                  f" · backend {str(hello.get('backend') or '?')[:30]}")
+        self.header.show_hello(hello)
         if hello.get("key_storage") == "file" and not self._key_notice_shown:
             self._key_notice_shown = True
             self.log_view.append("warning", "No usable system keyring: your identity key is kept in a private "

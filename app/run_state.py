@@ -51,6 +51,9 @@ PHASES: dict[str, tuple[str, str, str, bool]] = {
 }
 MODE_WORDS = {"lan": "Local network", "coordinator": "Coordinator", "demo": "Local demo swarm"}
 DEMO_ACTION = ("demo", "Run a local demo instead")
+#: what starting the node in each swarm mode does, for the log.
+START_WORDS = {"lan": "looking for a swarm on this network", "coordinator": "joining the coordinator you set",
+               "demo": "running a local demo swarm on this computer (a coordinator and four nodes)"}
 
 
 @dataclass(frozen=True)
