@@ -57,8 +57,8 @@ class OverviewPage(QWidget):
         charts.setSpacing(14)
         self.swarm_chart = SwarmProgressChart()
         self.throughput_chart = ThroughputChart()
-        charts.addWidget(self.swarm_chart)
-        charts.addWidget(self.throughput_chart)
+        charts.addWidget(self.swarm_chart, 1)  # equal halves, whatever their legends say
+        charts.addWidget(self.throughput_chart, 1)
         grid.addLayout(charts, 1)
         self.pipeline = PipelineView()
         grid.addWidget(self.pipeline)
