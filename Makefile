@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make demo` and `make test`.
+# Two commands on a fresh machine: `make demo` and `make test` (`make gui` opens the window).
 # Each creates .venv when missing and installs what it needs into it.
 
 PYTHON ?= python3
@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.polis-installed
 
-.PHONY: demo test install clean bench installer installer-test
+.PHONY: demo gui test install clean bench installer installer-test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/polis demo
+
+# The desktop app's window (on Linux it first says which system packages are missing, if any).
+gui: $(STAMP)
+	$(VENV)/bin/polis
 
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)

@@ -1,6 +1,8 @@
 """``polis`` / ``polis gui``: opens the desktop app (QApplication, main window, tray icon).
 
-Sets up the per-user settings store, the contribution totals file and the log
+On Linux it first checks that the system libraries of Qt's X11 plugin are
+installed (``app.qt_platform_check``) and, if not, prints the install line and
+exits 1. Then it sets up the per-user settings store, the contribution totals file and the log
 files in the user data directory, then runs the Qt event loop. The node itself
 runs as a child process (see ``app.node_controller``). ``--screenshot`` saves an
 image of the window after a delay and exits (used for the README screenshot).
@@ -27,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save a picture of the window to PNG after --screenshot-after-s seconds, then quit")
     parser.add_argument("--screenshot-after-s", type=float, default=8.0)
     parser.add_argument("--size", default=None, metavar="WxH", help="window size in pixels, e.g. 1200x860")
+    parser.add_argument("--check-system", action="store_true",
+                        help="check the system libraries the window needs (Linux), print what to install, exit")
 
 
 def _log_to_file(log_dir: Path) -> None:
@@ -40,8 +44,11 @@ def _log_to_file(log_dir: Path) -> None:
         root.setLevel(logging.INFO)
 
 
-def run(args: argparse.Namespace) -> int:
-    from PySide6.QtCore import QTimer
+def build_window(args: argparse.Namespace):
+    """The QApplication and the main window as ``polis`` opens them (shown unless ``--minimized``).
+
+    The real-window check (``tests/gui/real_window.py``) builds the window through this too.
+    """
     from PySide6.QtWidgets import QApplication
 
     from app.contribution import ContributionLedger
@@ -64,6 +71,23 @@ def run(args: argparse.Namespace) -> int:
         window.resize(width, height)
     if not (args.minimized and window.tray.available):
         window.show()
+    return app, window
+
+
+def run(args: argparse.Namespace) -> int:
+    from app import qt_platform_check
+
+    missing = qt_platform_check.check()
+    if args.check_system:
+        print(qt_platform_check.message(missing) if missing else "All the system libraries the Polis window needs "
+              "are installed.")
+        return 1 if missing else 0
+    if missing is not None:  # Qt would abort with a misleading message: say what to install instead
+        qt_platform_check.report(missing)
+        return 1
+    from PySide6.QtCore import QTimer
+
+    app, window = build_window(args)
     if args.start and window.settings.consent_given:
         window.start_node()
     elif args.start:

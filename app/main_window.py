@@ -1,16 +1,20 @@
 """The main window: wires the node controller, the settings, the schedule and the tray to the widgets.
 
 Start asks for first-run consent, then launches the node with the settings' arguments;
-Pause stops it cleanly (freeing the machine). Events update the cards, charts,
-pipeline and log; a crash, a failed launch or a silent node shows a banner in plain
-words with Restart. The schedule (idle / AC power) pauses and resumes a running
-node. Closing the window hides it to the tray while contributing; Quit stops the
+Pause stops it cleanly: the node process ends and the computer is free (in demo mode
+the demo swarm's processes end with it). Every user action and node event goes
+through one ``app.run_state.RunState``, whose view drives the status line, the button,
+the tray and the swarm fields, so they cannot disagree. Events also update the cards,
+charts, pipeline and log; a crash, a failed launch or a silent node shows a banner in
+plain words with Restart. The schedule (idle / AC power) holds a running node with the
+protocol's ``pause`` command (shown as "Waiting", never "Paused") and releases it. Closing the window hides it to the tray while contributing; Quit stops the
 node, then exits. Nothing here blocks: every step is a signal or a timer.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +22,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QPushButton, QTabWidget, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QMainWindow, QTabWidget, QVBoxLayout, QWidget,
 )
 
 from app import autostart, diagnostics, error_hints
@@ -27,15 +31,18 @@ from app.icons import app_icon
 from app.node_controller import CrashReport, NodeController
 from app.power_policy import IdleDetector, MachineState, battery_state, may_run, read_machine_state
 from app.settings import SWARM_MODE_LABELS, AppSettings, load_settings, node_arguments, save_settings
+from app.run_state import START_WORDS, RunState, RunView
 from app.settings_dialog import SettingsDialog
-from app.style import display_state_words, style_sheet
+from app.style import style_sheet
 from app.tray import TrayIcon
 from app.welcome_dialog import WelcomeDialog
 from app.widgets.banner import MessageBanner
+from app.widgets.header import Header
 from app.widgets.log_view import LogView
-from app.widgets.overview import SWARM_WORDS, OverviewPage
+from app.widgets.overview import OverviewPage
 
 log = logging.getLogger(__name__)
+
 
 class MainWindow(QMainWindow):
     def __init__(self, store: QSettings, *, controller: NodeController | None = None,
@@ -52,11 +59,11 @@ class MainWindow(QMainWindow):
         self.controller.setParent(self)
         self.idle_detector = idle_detector
         self._machine_state = machine_state or (lambda: read_machine_state(self.idle_detector))
-        self.display_state = "stopped"
+        self.run = RunState(self.settings.swarm_mode)
         self.schedule_paused = False
-        self._schedule_reason = ""
         self._quitting = False
         self.welcome: WelcomeDialog | None = None
+        self._key_notice_shown = False
         self._last_hello: dict[str, Any] | None = None
         self.settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Polis")
@@ -73,8 +80,21 @@ class MainWindow(QMainWindow):
         self._schedule_timer.setInterval(int(schedule_interval_s * 1000))
         self._schedule_timer.timeout.connect(self.apply_schedule)
         self._schedule_timer.start()
+        self._tick_timer = QTimer(self)
+        self._tick_timer.setInterval(5000)
+        self._tick_timer.timeout.connect(self._on_tick)
+        self._tick_timer.start()
         self._refresh_cards()
-        self._set_display_state("stopped", "Press Start to lend this computer to the swarm.")
+        self._render()
+
+    @property
+    def display_state(self) -> str:
+        """The run's phase (``app.run_state.PHASES``), e.g. ``contributing`` only while work is done."""
+        return self.run.phase
+
+    @property
+    def view(self) -> RunView:
+        return self.run.view()
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -83,24 +103,10 @@ class MainWindow(QMainWindow):
         outer = QVBoxLayout(root)
         outer.setContentsMargins(24, 18, 24, 16)
         outer.setSpacing(14)
-        header = QHBoxLayout()
-        header.setSpacing(12)
-        logo = QLabel()
-        logo.setPixmap(app_icon().pixmap(44, 44))
-        header.addWidget(logo)
-        titles = QVBoxLayout()
-        titles.setSpacing(0)
-        title = QLabel("Polis")
-        title.setObjectName("AppTitle")
-        self.device_label = QLabel("This computer: detected when the node starts")
-        self.device_label.setObjectName("Subtitle")
-        titles.addWidget(title)
-        titles.addWidget(self.device_label)
-        header.addLayout(titles, 1)
-        self.settings_button = QPushButton("Settings")
-        self.settings_button.clicked.connect(self.open_settings)
-        header.addWidget(self.settings_button)
-        outer.addLayout(header)
+        self.header = Header()
+        self.header.settings_clicked.connect(self.open_settings)
+        self.device_label, self.settings_button = self.header.device_label, self.header.settings_button
+        outer.addWidget(self.header)
         self.banner = MessageBanner()
         self.banner.action_clicked.connect(self._on_banner_action)
         outer.addWidget(self.banner)
@@ -108,7 +114,7 @@ class MainWindow(QMainWindow):
         outer.addWidget(self.tabs, 1)
         self.overview = OverviewPage()
         self.overview.hero.toggle_clicked.connect(self.toggle)
-        self.overview.set_swarm_mode(self.settings.swarm_mode)
+        self.overview.hero.action_clicked.connect(self._on_hero_action)
         # the parts tests and the tray look at directly
         self.hero, self.cards, self.swarm_panel = self.overview.hero, self.overview.cards, self.overview.swarm_panel
         self.swarm_chart, self.throughput_chart = self.overview.swarm_chart, self.overview.throughput_chart
@@ -123,11 +129,11 @@ class MainWindow(QMainWindow):
         c = self.controller
         c.hello_received.connect(self._on_hello)
         c.state_changed.connect(self._on_node_state)
-        c.status_received.connect(self.overview.show_status)
+        c.status_received.connect(self._on_status)
         c.stats_received.connect(self._on_stats)
-        c.swarm_received.connect(self.overview.show_swarm)
+        c.swarm_received.connect(self._on_swarm)
         c.log_received.connect(self.log_view.append)
-        c.stderr_line.connect(lambda line: self.log_view.append("stderr", line))
+        c.stderr_line.connect(self.log_view.append_stderr)
         c.error_received.connect(self._on_node_error)
         c.running_changed.connect(self._on_running_changed)
         c.stopped.connect(self._on_stopped)
@@ -138,11 +144,11 @@ class MainWindow(QMainWindow):
     # -- user actions ---------------------------------------------------------------------
 
     def toggle(self) -> None:
-        """The big button: Start when no node runs, Pause (clean stop) when one does."""
-        if self.controller.is_running:
-            if not self.controller.is_stopping:
-                self.pause_node()
-        else:
+        """The big button (and the tray's item): what the run state's view says it does now."""
+        action = self.run.view().button_action
+        if action == "pause" and self.controller.is_running and not self.controller.is_stopping:
+            self.pause_node()
+        elif action == "start" and not self.controller.is_running:
             self.request_start()
 
     def request_start(self) -> None:
@@ -151,8 +157,9 @@ class MainWindow(QMainWindow):
             if self.welcome is None:
                 self.welcome = WelcomeDialog(self)
                 self.welcome.accepted.connect(self._on_consent)
-                self.welcome.rejected.connect(lambda: self._set_display_state(
-                    "stopped", "Polis will not use this computer until you agree."))
+                self.welcome.rejected.connect(lambda: self.banner.show_message(
+                    "info", "Polis will not use this computer until you agree",
+                    "Nothing was started.", "Press Start again when you want to read the explanation again."))
             self.welcome.open()
             return
         self.start_node()
@@ -166,18 +173,33 @@ class MainWindow(QMainWindow):
             raise RuntimeError("start_node called without the user's consent")
         self.banner.clear()
         self.schedule_paused = False
-        self.log_view.append("info", f"starting the node ({SWARM_WORDS[self.settings.swarm_mode].lower()})")
+        self.run.start(self.settings.swarm_mode)
+        self.log_view.append("info", f"Starting the node: {START_WORDS.get(self.settings.swarm_mode, '')}.")
         self.controller.start(node_arguments(self.settings))
-        self._set_display_state("starting", "Launching the node…")
+        self._render()
 
     def pause_node(self) -> None:
+        """Pause: the node leaves the swarm and its process ends, so the computer is free."""
+        self.run.pause()
         self.controller.stop()
-        self._set_display_state("stopping", "Leaving the swarm and freeing this computer…")
+        self._render()
 
     def restart_node(self) -> None:
         self.banner.clear()
+        self.schedule_paused = False
+        self.run.restart(self.settings.swarm_mode)
         self.controller.restart(node_arguments(self.settings))
-        self._set_display_state("starting", "Restarting the node…")
+        self._render()
+
+    def run_local_demo(self) -> None:
+        """The hero's "Run a local demo instead": switch the swarm setting to the demo and (re)start."""
+        self._update_settings(replace(self.settings, swarm_mode="demo"))
+        self.run.set_settings_mode("demo")
+        self.log_view.append("info", "Switching to a local demo swarm on this computer.")
+        if self.controller.is_running:
+            self.restart_node()
+        else:
+            self.request_start()
 
     def bring_to_front(self) -> None:
         self.showNormal()
@@ -199,10 +221,11 @@ class MainWindow(QMainWindow):
         """Save new settings and apply them: limits to a running node now, login entry, schedule."""
         old = self.settings
         self._update_settings(new)
-        self.overview.set_swarm_mode(self.settings.swarm_mode)
+        self.run.set_settings_mode(self.settings.swarm_mode)
+        self._render()
         if self.controller.is_running and new.limits != old.limits:
             self.controller.set_limits(self.settings.limits)
-            self.log_view.append("info", "sent new limits to the node")
+            self.log_view.append("info", "Sent the new limits to the node.")
         if new.start_at_login != old.start_at_login:
             try:
                 autostart.set_start_at_login(new.start_at_login)
@@ -241,6 +264,10 @@ class MainWindow(QMainWindow):
             return
         self.banner.show_message("info", "Diagnostics saved", f"{written} (no keys or tokens inside).")
 
+    def _on_hero_action(self, name: str) -> None:
+        if name == "demo":
+            self.run_local_demo()
+
     def _on_banner_action(self, name: str) -> None:
         if name == "restart":
             self.restart_node()
@@ -258,24 +285,24 @@ class MainWindow(QMainWindow):
         allowed, reason = may_run(self.settings, self._machine_state())
         if not allowed and not self.schedule_paused:
             self.schedule_paused = True
-            self._schedule_reason = reason
             self.controller.pause()
+            self.run.hold(reason)
             self.log_view.append("info", reason)
-            self._set_display_state("waiting", reason)
+            self._render()
         elif allowed and self.schedule_paused:
             self.schedule_paused = False
             self.controller.resume()
-            self.log_view.append("info", "schedule allows contributing again; resuming")
+            self.run.release()
+            self.log_view.append("info", "The schedule allows contributing again; resuming.")
+            self._render()
 
     # -- node events ----------------------------------------------------------------------
 
     def _on_hello(self, hello: dict) -> None:
         self._last_hello = hello
-        memory = hello.get("memory_gb")
-        memory_words = f" · {memory:g} GB" if isinstance(memory, (int, float)) and not isinstance(memory, bool) else ""
-        self.device_label.setText(f"This computer: {str(hello.get('device') or 'unknown device')[:80]}{memory_words}"
-                                  f" · backend {str(hello.get('backend') or '?')[:30]}")
-        if hello.get("key_storage") == "file":
+        self.header.show_hello(hello)
+        if hello.get("key_storage") == "file" and not self._key_notice_shown:
+            self._key_notice_shown = True
             self.log_view.append("warning", "No usable system keyring: your identity key is kept in a private "
                                             "file in the Polis data folder.")
         self.apply_schedule()
@@ -283,16 +310,32 @@ class MainWindow(QMainWindow):
     def _on_node_state(self, state: str, detail: str) -> None:
         if state == "contributing" and self.banner.kind == "warning":
             self.banner.clear()
-        if self.schedule_paused and state == "paused":
-            self._set_display_state("waiting", self._schedule_reason)
-            return
-        self._set_display_state(state, detail)
+        self.run.node_event_state(state, detail)
+        self._render()
         if state in ("contributing", "loading", "connecting"):
             self.apply_schedule()
 
+    def _on_status(self, status: dict) -> None:
+        self.run.node_status(status)
+        self.overview.show_status(status)
+        self._render()
+
     def _on_stats(self, stats: dict) -> None:
-        self.ledger.update(stats)
+        self.run.node_stats(stats, time.monotonic())
+        # "Time contributing" is the time spent working, as the run state counts it, not the node's uptime
+        self.ledger.update({**stats, "uptime_s": self.run.working_s})
         self.overview.show_stats(stats, self.ledger.session, self.ledger.all_time)
+        self._render()
+
+    def _on_swarm(self, swarm: dict) -> None:
+        self.run.node_swarm(swarm, time.monotonic())
+        self.overview.show_swarm(swarm)
+        self._render()
+
+    def _on_tick(self) -> None:
+        if self.controller.is_running:
+            self.run.tick(time.monotonic())
+            self._render()
 
     def _on_node_error(self, event: dict) -> None:
         message, hint = str(event.get("message"))[:500], str(event.get("hint") or "")[:500]
@@ -302,16 +345,20 @@ class MainWindow(QMainWindow):
                                  actions=(("show_log", "Show log"), ("dismiss", "Dismiss")))
 
     def _on_running_changed(self, running: bool) -> None:
-        self.hero.set_running(running)
-        if not running:
+        if running:
+            self.run.process_started()
+        else:
             self.ledger.end_run()
             self._refresh_cards()
-        self._update_tray()
+        self._render()
 
     def _on_stopped(self) -> None:
         self.schedule_paused = False
-        self._set_display_state("stopped", "Paused. Press Start to contribute again.")
-        self.log_view.append("info", "node stopped")
+        restarting = self.run.phase == "restarting"
+        self.run.process_stopped()
+        self._render()
+        self.log_view.append("info", "The node stopped; starting it again with the new settings." if restarting
+                             else "The node stopped; this computer is free.")
 
     def _on_crashed(self, report: CrashReport) -> None:
         msg = error_hints.explain_crash(report.exit_code, report.killed_by_signal, report.stderr_tail)
@@ -329,22 +376,22 @@ class MainWindow(QMainWindow):
         self.log_view.append("error", f"{msg.title}: {msg.detail}")
         self.banner.show_message("error", msg.title, msg.detail, msg.next_step,
                                  actions=(("restart", "Restart"), ("show_log", "Show log")))
-        self._set_display_state("error", "See the message above.")
+        self.run.failed(f"{msg.title}. See the message above.")
+        self._render()
         self.tray.notify(msg.title, msg.detail)
         if self._quitting:
             QApplication.quit()
 
     # -- display --------------------------------------------------------------------------
 
-    def _set_display_state(self, state: str, detail: str) -> None:
-        self.display_state = state
-        self.overview.set_display_state(state, detail)
-        self._update_tray()
-
-    def _update_tray(self) -> None:
-        tray_state = {"contributing": "contributing", "error": "error", "waiting": "waiting"}.get(
-            self.display_state, "idle")
-        self.tray.set_state(tray_state, display_state_words(self.display_state), self.controller.is_running)
+    def _render(self) -> None:
+        """Show the run state's view everywhere it appears: hero card, swarm panel, tray."""
+        view = self.run.view()
+        self.overview.show_view(view)
+        tray = getattr(self, "tray", None)
+        if tray is not None:
+            tray_state = {"good": "contributing", "bad": "error", "warn": "waiting"}.get(view.color, "idle")
+            tray.set_state(tray_state, view.headline, view.running)
 
     def _refresh_cards(self) -> None:
         self.overview.show_totals(self.ledger.session, self.ledger.all_time)

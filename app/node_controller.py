@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import logging.handlers
 import os
 import shlex
 import time
@@ -33,6 +34,23 @@ log = logging.getLogger(__name__)
 NODE_COMMAND_ENV = "POLIS_NODE_COMMAND"
 STDERR_TAIL_LINES = 400
 LOG_FILE_MAX_BYTES = 5_000_000
+LOG_FILE_BACKUPS = 2
+
+
+def node_log_file(path: Path) -> logging.Logger:
+    """A logger that writes the node's stderr to ``path`` as is (the lines carry their own time),
+    rotated by ``RotatingFileHandler`` at :data:`LOG_FILE_MAX_BYTES`, keeping :data:`LOG_FILE_BACKUPS`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"{__name__}.node_output.{str(path.resolve()).replace('.', '_')}")
+    if logger.handlers:  # one handler per file, however many controllers write to it
+        return logger
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=LOG_FILE_MAX_BYTES, backupCount=LOG_FILE_BACKUPS,
+                                                   encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    return logger
 
 
 def default_node_command() -> list[str]:
@@ -75,6 +93,7 @@ class NodeController(QObject):
         super().__init__(parent)
         self.node_command = list(node_command) if node_command else default_node_command()
         self.log_path = log_path
+        self._log_file: logging.Logger | None = None
         self.stop_timeout_s = stop_timeout_s
         self.kill_timeout_s = kill_timeout_s
         self.silence_warning_s = silence_warning_s
@@ -141,7 +160,7 @@ class NodeController(QObject):
         process.errorOccurred.connect(self._on_error)
         process.finished.connect(self._on_finished)
         self._process = process
-        self._append_log_file(f"--- starting node: {shlex.join(command)}")
+        self._append_log_file(f"--- starting node: {shlex.join(command)}", marker=True)
         log.info("starting node: %s", shlex.join(command))
         process.start()
         self._send("start")
@@ -300,17 +319,18 @@ class NodeController(QObject):
             self._silence_reported = True
             self.unresponsive.emit(silent_s)
 
-    def _append_log_file(self, text: str) -> None:
+    def _append_log_file(self, text: str, marker: bool = False) -> None:
+        """One stderr line as is, or (``marker``) the controller's own note with a timestamp."""
         if self.log_path is None:
             return
-        try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            if self.log_path.exists() and self.log_path.stat().st_size > LOG_FILE_MAX_BYTES:
-                os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
-            with self.log_path.open("a", encoding="utf-8") as fh:
-                fh.write(time.strftime("%Y-%m-%d %H:%M:%S ") + text + "\n")
-        except OSError as exc:
-            log.debug("could not write node log %s: %s", self.log_path, exc)
+        if self._log_file is None:
+            try:
+                self._log_file = node_log_file(self.log_path)
+            except OSError as exc:
+                log.debug("could not open node log %s: %s", self.log_path, exc)
+                self.log_path = None
+                return
+        self._log_file.info("%s", time.strftime("%Y-%m-%d %H:%M:%S ") + text if marker else text)
 
     def _on_error(self, error: QProcess.ProcessError) -> None:
         process = self._process
@@ -332,7 +352,7 @@ class NodeController(QObject):
         self._stderr_buffer.clear()
         killed = exit_status == QProcess.ExitStatus.CrashExit
         expected = self._stop_requested or (exit_code == 0 and not killed)
-        self._append_log_file(f"--- node exited (code {exit_code}{', killed' if killed else ''})")
+        self._append_log_file(f"--- node exited (code {exit_code}{', killed' if killed else ''})", marker=True)
         pending = self._pending_restart
         self._finish_process()
         if expected:

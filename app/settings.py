@@ -31,6 +31,8 @@ SWARM_MODE_LABELS = {
     "demo": "Run a local demo swarm on this computer",
 }
 _URL_SCHEMES = ("http", "https", "ws", "wss")
+#: compute threads of the app's own node in the local demo, as for every node of ``polis demo``.
+DEMO_CPU_THREADS = 1
 
 
 def no_limits() -> dict[str, float | int | None]:
@@ -99,7 +101,8 @@ def node_arguments(settings: AppSettings) -> list[str]:
     """The ``polis node`` arguments (after ``--control stdio``) for these settings.
 
     Swarm: ``--lan`` | ``--coordinator URL`` | ``--demo``; limits: one flag per set
-    limit (``--upload-mbps 20``), see ``engine.control_protocol.limits_to_cli_args``;
+    limit (``--upload-mbps 20``), see ``engine.control_protocol.limits_to_cli_args``
+    (the demo runs with ``--cpu-threads 1`` unless the user set a thread limit);
     ``--inference-only`` when ``generate_only`` is set.
     """
     settings = settings.validated()
@@ -108,7 +111,10 @@ def node_arguments(settings: AppSettings) -> list[str]:
     else:
         swarm = ["--" + settings.swarm_mode]
     role = ["--inference-only"] if settings.generate_only else []
-    return swarm + role + limits_to_cli_args(settings.limits)
+    limits = dict(settings.limits)
+    if settings.swarm_mode == "demo" and limits.get("cpu_threads") is None:
+        limits["cpu_threads"] = DEMO_CPU_THREADS  # the demo's recipe: every node computes with one thread
+    return swarm + role + limits_to_cli_args(limits)
 
 
 # -- persistence -----------------------------------------------------------------------

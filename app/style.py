@@ -1,6 +1,6 @@
 """The app's look: colours, the Qt style sheet and the display states' colours and words.
 
-Pure constants and one function that builds the style sheet. Knows nothing about
+Pure constants, the run colours and one function that builds the style sheet. Knows nothing about
 the node or the settings.
 """
 
@@ -18,27 +18,12 @@ WARN = "#D97706"
 BAD = "#DC2626"
 IDLE = "#9CA3AF"
 
-#: what the window shows for each display state: (words, colour).
-DISPLAY_STATES: dict[str, tuple[str, str]] = {
-    "stopped": ("Not contributing", IDLE),
-    "starting": ("Starting…", ACCENT),
-    "idle": ("Connected, idle", ACCENT),
-    "connecting": ("Connecting to the swarm…", ACCENT),
-    "loading": ("Loading model layers…", ACCENT),
-    "contributing": ("Contributing", GOOD),
-    "paused": ("Paused", WARN),
-    "waiting": ("Waiting (schedule)", WARN),
-    "stopping": ("Stopping…", IDLE),
-    "error": ("Needs attention", BAD),
-}
+#: colour of each run colour key of ``app.run_state`` (green only for "good": useful work is done).
+RUN_COLORS: dict[str, str] = {"idle": IDLE, "busy": ACCENT, "warn": WARN, "good": GOOD, "bad": BAD}
 
 
-def display_state_words(state: str) -> str:
-    return DISPLAY_STATES.get(state, (state.capitalize(), IDLE))[0]
-
-
-def display_state_color(state: str) -> str:
-    return DISPLAY_STATES.get(state, ("", IDLE))[1]
+def run_color(key: str) -> str:
+    return RUN_COLORS.get(key, IDLE)
 
 
 def style_sheet() -> str:

@@ -1,7 +1,9 @@
 """Turn a frozen bundle into what a user downloads, one function per OS.
 
 - Linux: ``polis-<version>-linux-<arch>.tar.gz``: the onedir bundle plus
-  ``polis.desktop``, the icon and ``install.sh`` (menu entry for this user).
+  ``polis.desktop``, the icon, ``install.sh`` (menu entry for this user; it checks the
+  system libraries Qt's X11 plugin needs and prints the install line for what is missing)
+  and ``SYSTEM-PACKAGES.txt`` (those packages, from ``app.qt_platform_check``).
   No AppImage: ``appimagetool`` is neither on PyPI nor in Debian, and fetching it
   at build time would make the build depend on a download.
 - macOS: ``Polis-<version>-macos-arm64.dmg`` (``hdiutil``) holding ``Polis.app``
@@ -19,6 +21,7 @@ Knows nothing about PyInstaller or about what the app does.
 
 from __future__ import annotations
 
+import io
 import os
 import platform
 import shutil
@@ -56,6 +59,16 @@ def _tar_entry(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+def linux_system_packages() -> str:
+    """What the Linux download needs from the system (Qt's X11 plugin libraries), as install lines."""
+    from app.qt_platform_check import DEBIAN_PACKAGES, FEDORA_PACKAGES
+
+    return ("Polis needs these system packages for its window (X11/xcb libraries of Qt).\n"
+            "install.sh checks them and prints what is missing.\n\n"
+            f"Debian / Ubuntu:\n  sudo apt-get install {' '.join(DEBIAN_PACKAGES)}\n\n"
+            f"Fedora:\n  sudo dnf install {' '.join(FEDORA_PACKAGES)}\n")
+
+
 def package_linux(bundle: Path, dist: Path, version: str) -> list[Path]:
     top = f"polis-{version}-linux-{platform.machine()}"
     archive = dist / f"{top}.tar.gz"
@@ -64,6 +77,10 @@ def package_linux(bundle: Path, dist: Path, version: str) -> list[Path]:
     with tarfile.open(archive, "w:gz", compresslevel=6) as tar:
         for path in sorted(bundle.iterdir()):
             tar.add(path, arcname=f"{top}/{path.name}", filter=_tar_entry)
+        packages = linux_system_packages().encode("utf-8")
+        info = _tar_entry(tarfile.TarInfo(f"{top}/SYSTEM-PACKAGES.txt"))
+        info.size, info.mode = len(packages), 0o644
+        tar.addfile(info, io.BytesIO(packages))
         for name, source in extras.items():
             info = _tar_entry(tar.gettarinfo(source, arcname=f"{top}/{name}"))
             info.mode = 0o755 if name.endswith(".sh") else 0o644

@@ -1,7 +1,8 @@
 """The state of this node and its swarm: a coloured state line, then swarm, peers, stage, role, version.
 
-Shows the fields of the protocol's ``status``/``stats`` events it is given (any
-field may be missing or odd: it shows "–"). Knows nothing about the process.
+Swarm, peers, stage and staleness come from the run state's ``RunView`` (so they agree
+with the status line); role, coordinator and policy version from the node's ``status``
+and ``stats`` events (any field may be missing or odd: it shows "–"). Knows nothing about the process.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from app.run_state import RunView
 
 
 _FIELDS = (("swarm", "Swarm"), ("peers", "Peers"), ("stage", "Your stage"), ("role", "Role"),
@@ -49,34 +52,32 @@ class SwarmStatusPanel(QFrame):
         outer.addLayout(grid)
         outer.addStretch(1)
         self.swarm_mode_words = "–"
+        self._coordinator: str | None = None
 
-    def set_swarm_mode(self, words: str) -> None:
-        self.swarm_mode_words = words
-        self.values["swarm"].setText(words)
+    def show_view(self, view: RunView) -> None:
+        """The fields the run state owns: swarm mode (of the running node), peers, stage, staleness."""
+        self.swarm_mode_words = view.swarm_words
+        coordinator = self._coordinator if view.running else None
+        self.values["swarm"].setText(view.swarm_words if not coordinator
+                                     else f"{view.swarm_words} · {_short_url(coordinator)}")
+        self.values["peers"].setText(view.peers)
+        self.values["stage"].setText(view.stage)
+        self.values["staleness"].setText(view.staleness)
+        if not view.running:
+            self._coordinator = None
+            for key in ("role", "version"):
+                self.values[key].setText("–")
 
     def update_status(self, status: Mapping[str, Any]) -> None:
+        """The fields only the node's ``status`` event carries: coordinator, role, policy version."""
         coordinator = status.get("coordinator")
-        self.values["swarm"].setText(self.swarm_mode_words if not coordinator
-                                     else f"{self.swarm_mode_words} · {_short_url(coordinator)}")
-        peers = status.get("peers")
-        self.values["peers"].setText(str(peers) if isinstance(peers, int) else "–")
-        layers, stage, stages = status.get("layers"), status.get("stage"), status.get("num_stages")
-        text = str(layers) if isinstance(layers, str) and layers else "–"
-        if isinstance(stage, int) and isinstance(stages, int):
-            text += f"  (stage {stage + 1} of {stages})"
-        self.values["stage"].setText(text)
+        self._coordinator = coordinator if isinstance(coordinator, str) and coordinator else None
         role = status.get("role")
         self.values["role"].setText({"trainer": "Trainer (generates and trains)",
                                      "inference": "Generating only (follows a trainer's weights)"}
                                     .get(role, str(role or "–")))
-        self.set_policy(status.get("policy_version"), None)
+        self.set_policy(status.get("policy_version"))
 
-    def set_policy(self, version: Any, staleness: Any) -> None:
-        if isinstance(version, int):
+    def set_policy(self, version: Any) -> None:
+        if isinstance(version, int) and not isinstance(version, bool):
             self.values["version"].setText(f"v{version}")
-        if isinstance(staleness, (int, float)) and not isinstance(staleness, bool):
-            self.values["staleness"].setText(f"{staleness:.1f} versions behind")
-
-    def clear(self) -> None:
-        for key, label in self.values.items():
-            label.setText(self.swarm_mode_words if key == "swarm" else "–")

@@ -8,7 +8,10 @@ final held-out eval and prints a before/after table. ``--json`` prints a
 summary object as the last line.
 
 It only starts processes and reads the coordinator's stats API; everything it
-shows is measured by the swarm itself.
+shows is measured by the swarm itself. The recipe (:func:`coordinator_argv`,
+:func:`node_argv`, :data:`DEMO_ENV`, :class:`DemoProcesses`) is shared with the
+desktop app's local demo (``polis node --demo``, see ``engine.swarm.local_swarm``),
+so both run the same swarm.
 """
 
 from __future__ import annotations
@@ -30,9 +33,19 @@ from typing import Any
 from engine.self_command import polis_command
 
 
+#: the demo swarm's shape: ``polis demo`` and the desktop app's local demo (``polis node --demo``) share it.
+DEFAULT_STAGES = 2
+DEFAULT_REPLICAS = 2
+#: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
+DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+#: seconds a demo process gets to exit after SIGTERM before it is killed.
+STOP_TIMEOUT_S = 10.0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
-    parser.add_argument("--replicas", type=int, default=2, help="nodes per stage (default 2)")
+    parser.add_argument("--stages", type=int, default=DEFAULT_STAGES, help=f"pipeline stages (default {DEFAULT_STAGES})")
+    parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS,
+                        help=f"nodes per stage (default {DEFAULT_REPLICAS})")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="training time budget in minutes (default 8; the whole demo stays under 10)")
     parser.add_argument("--max-versions", type=int, default=0, help="stop at this policy version (0: time only)")
@@ -62,55 +75,127 @@ def _post(url: str, token: str) -> dict[str, Any]:
         return json.loads(response.read())
 
 
+def coordinator_argv(run_dir: Path, port: int, *, stages: int = DEFAULT_STAGES, checkpoint: str | None = None,
+                     max_versions: int = 0, settings: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The demo coordinator's ``polis`` arguments (the recipe of every demo run)."""
+    argv = ["-v", "coordinator", "--db", str(run_dir / "coordinator.db"), "--port", str(port),
+            "--stages", str(stages), "--admin-token-file", str(run_dir / "admin-token")]
+    if checkpoint:
+        argv += ["--checkpoint", checkpoint]
+    if max_versions:
+        argv += ["--max-versions", str(max_versions)]
+    for item in settings:
+        argv += ["--set", item]
+    return argv
+
+
+def node_argv(index: int, url: str, run_dir: Path, *, backend: str = "auto",
+              checkpoint: str | None = None) -> list[str]:
+    """Demo node number ``index``'s ``polis`` arguments (own identity and data directory)."""
+    argv = ["-v", "node", "--coordinator", url, "--identity", f"demo-node-{index}",
+            "--data-dir", str(run_dir / f"node{index}"), "--backend", backend]
+    if checkpoint:
+        argv += ["--checkpoint", checkpoint]
+    return argv
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM if the process that started it dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class DemoProcesses:
+    """Processes of a demo run, each logging to ``run_dir/NAME.log``; stopped together.
+
+    With ``die_with_parent`` (Linux) each child also ends when this process dies, so a
+    supervisor that kills this process cannot leave demo processes behind. Spawn them
+    from the thread that lives as long as the process (the kernel ties the signal to it).
+    """
+
+    def __init__(self, run_dir: Path, die_with_parent: bool = False) -> None:
+        self.run_dir = run_dir
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.run_dir / f"{name}.log", "wb")
+        try:
+            proc = subprocess.Popen(polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=dict(os.environ, **DEMO_ENV),
+                                    preexec_fn=_die_with_parent if self.die_with_parent else None)
+        finally:
+            log.close()
+        self.procs.append(proc)
+        return proc
+
+    def signal_all(self) -> None:
+        for proc in reversed(self.procs):  # nodes before the coordinator
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        """SIGTERM to every process, then kill what is left after :data:`STOP_TIMEOUT_S` (blocks)."""
+        self.signal_all()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    async def stop_async(self) -> None:
+        """:meth:`stop` without blocking an event loop."""
+        import asyncio
+
+        self.signal_all()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def coordinator_alive(url: str) -> bool:
+    try:
+        _get(url + "/api/stats", 1.0)
+        return True
+    except OSError:
+        return False
+
+
 class DemoSwarm:
-    """The processes of one demo run and their log files."""
+    """The processes of one ``polis demo`` run: a coordinator and ``stages x replicas`` nodes."""
 
     def __init__(self, run_dir: Path, args: argparse.Namespace) -> None:
         self.run_dir = run_dir
         self.args = args
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.procs: list[subprocess.Popen] = []
+        self.group = DemoProcesses(run_dir)
+        self.procs = self.group.procs
         self.token_file = run_dir / "admin-token"
-
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen:
-        log = open(self.run_dir / f"{name}.log", "wb")
-        env = dict(os.environ, POLIS_TORCH_THREADS="1", OMP_NUM_THREADS="1")
-        proc = subprocess.Popen(polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
-        log.close()
-        self.procs.append(proc)
-        return proc
 
     def start(self) -> None:
         a = self.args
-        coordinator = ["-v", "coordinator", "--db", str(self.run_dir / "coordinator.db"), "--port", str(self.port),
-                       "--stages", str(a.stages), "--admin-token-file", str(self.token_file)]
-        if a.checkpoint:
-            coordinator += ["--checkpoint", a.checkpoint]
-        if a.max_versions:
-            coordinator += ["--max-versions", str(a.max_versions)]
-        for item in a.set:
-            coordinator += ["--set", item]
-        self._spawn("coordinator", *coordinator)
+        self.group.spawn("coordinator", coordinator_argv(self.run_dir, self.port, stages=a.stages,
+                                                         checkpoint=a.checkpoint, max_versions=a.max_versions,
+                                                         settings=a.set))
         deadline = time.monotonic() + 60
-        while not self._alive():
+        while not coordinator_alive(self.url):
             if time.monotonic() > deadline or self.procs[0].poll() is not None:
                 raise RuntimeError(f"the coordinator did not start; see {self.run_dir / 'coordinator.log'}")
             time.sleep(0.2)
         for i in range(a.stages * a.replicas):
-            node = ["-v", "node", "--coordinator", self.url, "--identity", f"demo-node-{i}",
-                    "--data-dir", str(self.run_dir / f"node{i}"), "--backend", a.backend]
-            if a.checkpoint:
-                node += ["--checkpoint", a.checkpoint]
-            self._spawn(f"node{i}", *node)
-
-    def _alive(self) -> bool:
-        try:
-            _get(self.url + "/api/stats", 1.0)
-            return True
-        except OSError:
-            return False
+            self.group.spawn(f"node{i}", node_argv(i, self.url, self.run_dir, backend=a.backend,
+                                                   checkpoint=a.checkpoint))
 
     def stats(self) -> dict[str, Any]:
         return _get(self.url + "/api/stats")
@@ -119,16 +204,7 @@ class DemoSwarm:
         _post(self.url + "/api/finish", self.token_file.read_text().strip())
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self.group.stop()
 
 
 def _progress_line(stats: dict[str, Any], elapsed_s: float, tok_rate: float) -> str:

@@ -3,6 +3,7 @@
 #     ./install.sh              menu entry + icon, and `polis` in ~/.local/bin
 #     ./install.sh --uninstall  remove them again (then delete this folder to remove the app)
 # Polis runs from this folder: move the folder where you want it to live *before* running this.
+# The system packages the window needs are listed in SYSTEM-PACKAGES.txt; this script checks them.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 data=${XDG_DATA_HOME:-$HOME/.local/share}
@@ -33,3 +34,5 @@ chmod 0644 "$apps/polis.desktop"
 ln -sf "$here/polis" "$bin/polis"
 refresh
 echo "Polis is now in your applications menu (and \`polis\` is in $bin)."
+# The window needs Qt's X11 libraries from the system (see SYSTEM-PACKAGES.txt): say what is missing.
+"$here/polis" gui --check-system || true

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--garbage", action="store_true")
     parser.add_argument("--leak-secret", action="store_true")
     parser.add_argument("--silent", action="store_true", help="say hello, then nothing")
+    parser.add_argument("--alone-unless-demo", action="store_true",
+                        help="without --demo, no computer serves the other stages: no work, stage 2 empty")
+    parser.add_argument("--chatter", action="store_true", help="write aioice chatter and link lines to stderr")
     return parser
 
 
@@ -77,6 +80,12 @@ def main() -> int:
     limits = limits_from_args(args)
     swarm = "demo" if args.demo else ("lan" if args.lan else args.coordinator)
     print(f"scripted node: swarm={swarm} limits={limits}", file=sys.stderr, flush=True)
+    alone = args.alone_unless_demo and not args.demo
+    if args.chatter:
+        for line in ("2026-12-03 08:50:01,101 INFO aioice.ice: Connection(0) Check CandidatePair(...) State.FROZEN",
+                     "2026-12-03 08:50:01,202 INFO engine.net.peer_manager: link to 3f9a1c2b7d8e9f00aa open",
+                     "2026-12-03 08:50:01,303 INFO engine.net.peer_link: link to 3f9a1c2b7d8e9f00aa closed (local)"):
+            print(line, file=sys.stderr, flush=True)
     if args.leak_secret:
         print(f"debug identity dump {FAKE_PRIVATE_KEY}", file=sys.stderr)
         print(f"debug coordinator auth token={FAKE_TOKEN}", file=sys.stderr, flush=True)
@@ -136,7 +145,14 @@ def main() -> int:
             print("Traceback (most recent call last):\nRuntimeError: scripted node: simulated failure",
                   file=sys.stderr, flush=True)
             return 1
-        if state == "contributing":
+        if state == "contributing" and alone:
+            ticks += 1
+            _emit("stats", **stats, policy_version=0, staleness_mean=None, tokens_per_s=0.0)
+            if ticks % 5 == 1:
+                _emit("swarm", policy_version=0, eval=[], reward=[],
+                      stages=[{"stage": s, "layers": f"layers {2 * s + 1}–{2 * s + 2} of 8",
+                               "replicas": 1 if s == 1 else 0, "mine": s == 1} for s in range(4)])
+        elif state == "contributing":
             ticks += 1
             stats["tokens_generated"] += 37
             stats["microbatches_trained"] += 1 if ticks % 2 == 0 else 0

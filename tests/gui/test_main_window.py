@@ -64,7 +64,7 @@ def test_pause_stops_the_node_cleanly_and_keeps_the_totals(qtbot, make_window, t
     qtbot.waitUntil(lambda: window.ledger.session["tokens_generated"] > 0, timeout=5000)
     with qtbot.waitSignal(window.controller.stopped, timeout=6000):
         _click_start(qtbot, window)  # the same button now reads "Pause"
-    assert not window.controller.is_running and window.display_state == "stopped"
+    assert not window.controller.is_running and window.display_state == "paused"
     assert not window.banner.isVisible()
     tokens = window.ledger.session["tokens_generated"]
     assert tokens > 0 and window.cards["tokens_generated"].session_text == formatting.count(tokens)
@@ -122,10 +122,10 @@ def test_schedule_pauses_on_battery_and_resumes_on_ac_power(qtbot, make_window, 
     _wait_contributing(qtbot, window)
     machine.on_battery = True
     qtbot.waitUntil(lambda: window.controller.node_state == "paused", timeout=5000)
-    assert window.display_state == "waiting" and "battery" in window.hero.detail_label.text()
+    assert window.display_state == "schedule_hold" and "battery" in window.hero.detail_label.text()
     machine.on_battery = False
     qtbot.waitUntil(lambda: window.controller.node_state == "contributing", timeout=5000)
-    assert window.display_state == "contributing"
+    qtbot.waitUntil(lambda: window.display_state == "contributing", timeout=5000)  # green again once work flows
 
 
 def test_closing_the_window_while_contributing_hides_it_to_the_tray(qtbot, make_window, store):

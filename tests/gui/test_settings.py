@@ -51,13 +51,14 @@ def test_node_arguments_carry_swarm_and_limits():
     args = node_arguments(CUSTOM)
     assert args[:2] == ["--coordinator", CUSTOM.coordinator_url]
     assert args[args.index("--cpu-threads") + 1] == "3" and "--download-mbps" not in args
-    assert node_arguments(AppSettings(swarm_mode="demo")) == ["--demo"]
+    assert node_arguments(AppSettings(swarm_mode="demo")) == ["--demo", "--cpu-threads", "1"]  # the demo recipe
 
 
 def test_node_arguments_ask_for_inference_only_only_when_generate_only_is_set():
     assert "--inference-only" in node_arguments(CUSTOM)
     assert "--inference-only" not in node_arguments(replace(CUSTOM, generate_only=False))
-    assert node_arguments(AppSettings(swarm_mode="demo", generate_only=True)) == ["--demo", "--inference-only"]
+    assert node_arguments(AppSettings(swarm_mode="demo", generate_only=True)) == ["--demo", "--inference-only",
+                                                                                "--cpu-threads", "1"]
 
 
 def test_settings_dialog_round_trip(qtbot):

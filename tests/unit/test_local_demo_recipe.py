@@ -1,0 +1,65 @@
+"""The desktop app's local demo (`polis node --demo`) starts the same swarm as `polis demo`:
+the same coordinator and node command lines, 2 x 2 nodes in all (the app's node is the fourth)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from engine.swarm import demo, local_swarm
+
+
+class _Proc:
+    def poll(self):
+        return None
+
+
+def _record(monkeypatch) -> list[tuple[str, list[str], bool]]:
+    spawned: list[tuple[str, list[str], bool]] = []
+
+    def spawn(self, name, argv):
+        spawned.append((name, list(argv), self.die_with_parent))
+        self.procs.append(_Proc())
+        return self.procs[-1]
+
+    monkeypatch.setattr(demo.DemoProcesses, "spawn", spawn)
+    monkeypatch.setattr(demo, "coordinator_alive", lambda url: True)
+    return spawned
+
+
+def _normalised(argv: list[str], run_dir: Path) -> list[str]:
+    """Command lines with the run's own paths and port replaced, so two runs compare equal."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            out.append("PORT")
+            skip = False
+            continue
+        out.append(word.replace(str(run_dir), "RUN").rsplit(":", 1)[0] if "127.0.0.1:" in word
+                   else word.replace(str(run_dir), "RUN"))
+        skip = word == "--port"
+    return out
+
+
+def test_the_local_demo_runs_polis_demos_coordinator_and_the_other_three_nodes(tmp_path, monkeypatch):
+    spawned = _record(monkeypatch)
+    cli = argparse.Namespace(stages=demo.DEFAULT_STAGES, replicas=demo.DEFAULT_REPLICAS, checkpoint=None,
+                             max_versions=0, set=[], backend="auto")
+    (tmp_path / "cli").mkdir()
+    demo.DemoSwarm(tmp_path / "cli", cli).start()
+    terminal = [(name, _normalised(argv, tmp_path / "cli")) for name, argv, _ in spawned]
+    spawned.clear()
+
+    node_args = argparse.Namespace(data_dir=str(tmp_path / "app"), checkpoint=None, backend="auto")
+    part, url = asyncio.run(local_swarm.host_local_coordinator(node_args, lan=False))
+    helpers = local_swarm.spawn_helper_node(url, node_args)
+    run_dir = local_swarm.demo_run_dir(node_args)
+    app = [(name, _normalised(argv, run_dir)) for name, argv, _ in spawned]
+
+    assert app == terminal[:-1]  # the same coordinator and nodes; the app's own node is the fourth
+    assert len(terminal) == 1 + demo.DEFAULT_STAGES * demo.DEFAULT_REPLICAS
+    assert all(die for _, _, die in spawned)  # they end with the node that started them
+    assert isinstance(part, local_swarm.DemoPart) and isinstance(helpers, local_swarm.DemoPart)
+    assert url.startswith("http://127.0.0.1:")
+
