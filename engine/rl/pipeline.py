@@ -6,6 +6,10 @@ backward of a log-prob gradient down the chain, gradient norms, optimiser steps,
 policy version per stage (stages may step at different times in a swarm). The swarm
 provides a remote implementation of the same protocol; ``LocalPipeline`` chains
 ``StageBackend`` objects living in this process (possibly of different backends).
+With an embedding tied across its first and last stage (``StageBackend.tied_names``),
+``LocalPipeline`` sums the two copies' gradients once per step, before gradient norms,
+``grads`` or ``step``, and installs the sum on both, so both copies stay identical
+(Megatron's rule); the gradient norm counts that tensor once.
 
 What it does not know: transports, tasks, rewards, the objective.
 """
@@ -80,6 +84,9 @@ class LocalPipeline:
         self._versions = list(versions) if versions is not None else [0] * len(self.backends)
         if len(self._versions) != len(self.backends):
             raise ValueError("one version per stage")
+        first, last = self.backends[0], self.backends[-1]
+        self._tied = [n for n in first.tied_names if n in last.tied_names] if len(self.backends) > 1 else []
+        self._tied_pending = self._tied_summed = False  # per-stage tied gradients not yet summed / summed
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, num_stages: int = 1, backend: str = "auto",
@@ -130,18 +137,33 @@ class LocalPipeline:
             raise
 
     def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
+        if self._tied_summed:
+            raise ValueError("backward after the tied gradients were summed: call step or zero_grad first")
         grad = np.ascontiguousarray(grad_logprobs, dtype=np.float32)
         for stage in reversed(self.backends):
             grad = stage.backward(key, grad)
+        self._tied_pending = bool(self._tied)
 
     def release(self, key: str) -> None:
         for stage in self.backends:
             stage.release(key)
 
+    def _sum_tied_grads(self) -> None:
+        if self._tied_pending:
+            first, last = self.backends[0], self.backends[-1]
+            a, b = first.grads(self._tied), last.grads(self._tied)
+            total = {n: a[n] + b[n] for n in self._tied}
+            first.set_grads(total)
+            last.set_grads(total)
+            self._tied_pending, self._tied_summed = False, True
+
     def grad_sq_norms(self) -> list[float]:
-        return [float(sum(np.square(g, dtype=np.float64).sum() for g in grads.values())) for grads in self.grads()]
+        return [float(sum(np.square(g, dtype=np.float64).sum() for n, g in grads.items()
+                          if not (i and n in self._tied)))  # a tied tensor counts once, on stage 0
+                for i, grads in enumerate(self.grads())]
 
     def grads(self) -> list[dict[str, np.ndarray]]:
+        self._sum_tied_grads()
         return [stage.grads() for stage in self.backends]
 
     def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
@@ -149,12 +171,16 @@ class LocalPipeline:
             raise ValueError("one gradient dict per stage")
         for stage, g in zip(self.backends, grads):
             stage.set_grads(g)
+        self._tied_pending = False  # the caller installs final gradients
 
     def zero_grad(self) -> None:
         for stage in self.backends:
             stage.zero_grad()
+        self._tied_pending = self._tied_summed = False
 
     def step(self, grad_scale: float = 1.0) -> None:
+        self._sum_tied_grads()
+        self._tied_summed = False
         for i, stage in enumerate(self.backends):
             stage.step(grad_scale)
             self._versions[i] += 1
