@@ -176,7 +176,7 @@ def test_a_lora_step_changes_only_the_adapters_and_base_tensors_are_refused(vari
             stage.grads([a_base_weight])
 
 
-def test_an_inference_only_lora_stage_serves_the_adapters_it_is_given(variant, checkpoints):
+def test_an_inference_only_lora_stage_serves_the_adapters_it_is_given_with_kv_caches(variant, checkpoints):
     path = checkpoints["llama"]
     trainer = LocalPipeline(load_pipeline(path, variant, 2, OptimizerConfig(lora=LORA)))
     _random_adapters(trainer, seed=6)
@@ -184,8 +184,10 @@ def test_an_inference_only_lora_stage_serves_the_adapters_it_is_given(variant, c
     for stage, before, now in zip(server.backends, server.state_dicts(), trainer.state_dicts()):
         stage.apply_delta({n: now[n] - before[n] for n in now})  # adapter deltas, as a weight stream sends
     tokens = _batch(_vocab(path), 7)[0]
-    np.testing.assert_allclose(pipeline_forward(server.backends, tokens), pipeline_forward(trainer.backends, tokens),
-                               rtol=0, atol=1e-5)
+    want = pipeline_forward(trainer.backends, tokens)
+    np.testing.assert_allclose(pipeline_forward(server.backends, tokens), want, rtol=0, atol=1e-5)
+    cached = [pipeline_forward(server.backends, tokens[:, a:b], cache_id="c") for a, b in ((0, 5), (5, 6), (6, 8))]
+    np.testing.assert_allclose(np.concatenate(cached, axis=1), want, rtol=0, atol=1e-5)  # KV-cached decoding
     with pytest.raises(BackendError):
         server.backends[0].optimizer_state()
 
