@@ -48,10 +48,10 @@ class StagePipeline(Protocol):
         """Forget a keyed forward without backpropagating."""
 
     def grad_sq_norms(self) -> list[float]:
-        """Squared L2 norm of the accumulated gradients, one per stage."""
+        """Squared L2 norm of the accumulated gradients, one per stage (a tied tensor counted once)."""
 
     def grads(self) -> list[dict[str, np.ndarray]]:
-        """Accumulated gradients of each stage (fp32 numpy, HF names)."""
+        """Accumulated gradients of each stage (fp32 numpy, HF names; tied copies summed)."""
 
     def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
         """Replace each stage's accumulated gradients (e.g. after replica aggregation)."""
@@ -149,6 +149,7 @@ class LocalPipeline:
             stage.release(key)
 
     def _sum_tied_grads(self) -> None:
+        """Install ``g_first + g_last`` of each tied tensor on both stages (once per step)."""
         if self._tied_pending:
             first, last = self.backends[0], self.backends[-1]
             a, b = first.grads(self._tied), last.grads(self._tied)
