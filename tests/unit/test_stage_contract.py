@@ -376,12 +376,18 @@ def test_tied_copies_stay_identical_through_adamw_steps_and_follow_the_whole_mod
     split = LocalPipeline(_pipeline(tiny_tied, chain, len(chain), optimizer=opt))
     whole = LocalPipeline(_pipeline(tiny_tied, chain[0], 1, optimizer=opt))  # one copy: tied by construction
     for step in range(3):
+        tokens, targets, weights = _rl_batch(tiny_tied, seed=30 + 3 * step)
+        norms = []
         for pipe in (split, whole):
-            tokens, targets, weights = _rl_batch(tiny_tied, seed=30 + 3 * step)
             pipe.zero_grad()
             pipe.token_logprobs(tokens, targets, key="k")
             pipe.backward("k", weights)
-            norm = float(np.sqrt(sum(pipe.grad_sq_norms())))
+            norms.append(float(np.sqrt(sum(pipe.grad_sq_norms()))))
+        want = whole.grads()[0]
+        for stage_grads in split.grads():  # both copies hold the whole model's tied gradient
+            assert_grads_close(stage_grads, {n: want[n] for n in stage_grads})
+        assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+        for pipe, norm in zip((split, whole), norms):
             pipe.step(grad_scale=min(1.0, 1.0 / norm))  # global-norm clipping, as the trainer does
     first, last = split.backends[0].state_dict()[EMBED], split.backends[-1].state_dict()[EMBED]
     if len(set(chain)) == 1:
