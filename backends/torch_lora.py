@@ -31,7 +31,8 @@ def attach_lora(module: nn.Module, lora: LoraConfig,
     try:
         import peft
     except ImportError:
-        raise BackendUnavailable('LoRA on torch needs PEFT: pip install "peft>=0.13"') from None
+        raise BackendUnavailable('LoRA on torch needs PEFT (the real-model extra): '
+                                 'pip install "peft>=0.13" "transformers>=4.45"') from None
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
                              lora_dropout=0.0, bias="none")
     peft.inject_adapter_in_model(config, module, adapter_name=_ADAPTER)
