@@ -49,7 +49,7 @@ from engine.rl.codec import TaskCodec
 from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
+from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
@@ -196,7 +196,7 @@ class Coordinator:
         trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
         ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
-                and hello.run_id == self.run_id)
+                and hello.run_id == self.run_id and hello.version == self.book.version)
         source, source_peer, checkpoint = "checkpoint", None, None
         if keep:
             source = "keep"
@@ -270,11 +270,13 @@ class Coordinator:
         role = hello.role
         session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
         slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
-        preferred = hello.stage
-        if preferred is not None and hello.run_id == self.run_id and hello.num_stages == self.num_stages:
+        # the coordinator owns placement and the version: a hello's stage is advice (see
+        # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
+        preferred = resume_stage(self.assignment, slot, hello.stage) \
+            if hello.run_id == self.run_id and hello.num_stages == self.num_stages else None
+        if preferred is not None:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
-            self.book.advance(hello.version)  # a node ahead of us: we lost a step record; never go backwards
             stage = preferred
         else:
             stage = assign_new_node(self.assignment, slot)
