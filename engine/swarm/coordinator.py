@@ -121,7 +121,8 @@ class Coordinator:
         self.book = RunBook(self.store)
         self.evals = EvalScheduler(task, self.codec, self.store)
         self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
-                                              self.members, job_timeout_s=config.job_timeout_s)
+                                              self.members, job_timeout_s=config.job_timeout_s,
+                                              vocab_size=self.model_config.vocab_size)
         self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
@@ -349,7 +350,8 @@ class Coordinator:
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
-                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
+                       "refused_results": generation.flagged.get(s.peer_id, 0)} for s in self.sessions.values()],
             "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
