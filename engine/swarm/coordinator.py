@@ -321,8 +321,10 @@ class Coordinator:
     def _admin(self, handler):
         async def guarded(request: web.Request) -> web.Response:
             token = request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(token, self.admin_token):
-                return web.json_response({"error": "admin token required"}, status=403)
+            # bytes, not str: compare_digest raises on non-ASCII str (an HTTP 500 for one odd header)
+            if not hmac.compare_digest(token.encode("utf-8", "surrogateescape"), self.admin_token.encode()):
+                return web.json_response({"error": "admin token required: send 'Authorization: Bearer <token>' "
+                                                   "(the coordinator's --admin-token-file)"}, status=401)
             return await handler(request)
         return guarded
 

@@ -6,9 +6,7 @@ Real generation scheduler, step runner, store and codec; the swarm is a recordin
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from engine.paths import base_checkpoint_dir
