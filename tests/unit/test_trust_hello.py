@@ -61,3 +61,31 @@ def test_a_resuming_node_keeps_its_stage_when_it_does_not_unbalance_the_swarm():
     assert resume_stage(a, NodeSlot("p3"), 1) is None  # two above: placed by the coordinator
     assert resume_stage(a, NodeSlot("p3"), 2) is None and resume_stage(a, NodeSlot("p3"), 200) is None
     assert resume_stage(a, NodeSlot("p3", max_layers=1), 0) is None  # cannot hold it
+
+
+def test_a_node_that_stops_reading_its_socket_is_evicted_after_one_send_deadline(tmp_path, monkeypatch):
+    import engine.swarm.membership as membership
+    from engine.swarm import messages
+    from engine.swarm.membership import Membership, NodeSession
+
+    class StuckWs:
+        closed = False
+        closes = 0
+
+        async def send_str(self, text):
+            await asyncio.sleep(3600)
+
+        async def close(self):
+            StuckWs.closes += 1
+
+    monkeypatch.setattr(membership, "SEND_TIMEOUT_S", 0.05)
+
+    async def main():
+        m = Membership(1)
+        m.sessions["stuck"] = NodeSession("stuck", StuckWs(), "torch", "cpu", stage=0, ready=True)
+        assert m.routes() == [["stuck"]]
+        assert await m.send("stuck", messages.Sync(source_peer="peer-x")) is False
+        assert m.routes() == []  # out of every route at once
+        await asyncio.sleep(0.01)
+        return StuckWs.closes
+    assert asyncio.run(main()) == 1
