@@ -280,8 +280,8 @@ class Node:
                 header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer)
                 await self.replica.joined(welcome.source_peer, header, weights)
             else:
-                await load_from_files(ctx, base_dir(self.config.base_checkpoint), spec, optimizer,
-                                      welcome.stage_checkpoint, welcome.version)
+                base = base_dir(self.config.base_checkpoint, stage.run_cfg.model)  # the run's model, as found here
+                await load_from_files(ctx, base, spec, optimizer, welcome.stage_checkpoint, welcome.version)
         stage.spec = spec
         self.replicas.new_weights(fresh=not keep)
         ctx.membership.coordinator_version = welcome.version

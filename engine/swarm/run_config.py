@@ -45,9 +45,17 @@ class RunConfig:
     """One RL run across the swarm.
 
     Fields:
-      task: which verifiable task, its difficulty and reward.
+      model: the base every stage is cut from. "" (default): the checkpoint each process was
+        started with (``--checkpoint``; the shipped tiny base unless given). A name such as
+        ``smollm2-135m``: the base imported under that name in each machine's user data dir
+        (``<data dir>/models/<name>``: ``polis import smollm2-135m --out`` there; ``polis demo
+        --model`` imports it on first use), so every node finds its own copy. Anything with a
+        ``/``: that directory, on every machine. A chat task needs a model with a chat template.
+      task: which verifiable task, its difficulty and reward (a digit task on the tiny base; a
+        chat task, ``reasoning_gym:<dataset>`` with its options, on a real model).
       objective: decoupled-PPO hyper-parameters (engine.rl.objective).
-      sampling: temperature / top-p / completion budget for rollouts.
+      sampling: temperature / top-p / completion budget (``max_new_tokens``, stop token included)
+        for rollouts; evals decode greedily with the same budget.
       group_size: samples per prompt (G).
       prompts_per_step: prompt groups consumed by one optimiser step.
       micro_batch_rows: most sequences in one training micro-batch through the pipeline.
@@ -79,6 +87,7 @@ class RunConfig:
     on every construction.
     """
 
+    model: Annotated[str, Meta(max_length=1024, pattern=r"^[^\x00-\x1f]*$")] = ""
     task: TaskConfig = field(default_factory=lambda: BASE_TASK)
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(scale_by_std=True))
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=8))

@@ -24,14 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.rl.codec import TaskCodec
-from engine.rl.tasks import Task
-from engine.rl.tasks.rewards import token_reward
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,13 +47,13 @@ class GenJob:
 class GenerationScheduler:
     """Generation jobs of one run. Lives on the coordinator's event loop."""
 
-    def __init__(self, run: RunConfig, rules: UpdateRules, task: Task, codec: TaskCodec, store: Store,
+    def __init__(self, run: RunConfig, rules: UpdateRules, task: RunTask, store: Store,
                  book: RunBook, evals: EvalScheduler, links: NodeLinks, *, job_timeout_s: float = 60.0) -> None:
-        self.run, self.rules, self.task, self.codec = run, rules, task, codec
+        self.run, self.rules, self.task = run, rules, task
         self.store, self.book, self.evals, self.links = store, book, evals, links
         self.job_timeout_s = job_timeout_s
         epoch = int(store.get_meta("prompt_epoch", 0))
-        self._prompts = task.train_stream(run.seed + 7919 * epoch)
+        self._prompts = task.train_prompts(run.seed + 7919 * epoch)
         store.set_meta("prompt_epoch", epoch + 1)
         self._retry_prompts: deque[str] = deque()
         self._length_buckets: dict[int, list[str]] = defaultdict(list)
@@ -91,7 +89,7 @@ class GenerationScheduler:
         if prompts is not None:
             job = GenJob(self._next_job_id("eval"), route, prompts, "eval")
             self.evals.dispatched(job.job, prompts)
-            ids = [self.codec.encode_prompt(p) for p in prompts]
+            ids = [self.task.prompt_ids(p) for p in prompts]
             temperature, top_p = 0.0, 1.0  # greedy
         elif self.evals.baseline_running() or self.book.finished or \
                 self.store.ready_group_count() + self._train_groups_in_flight() >= 2 * self.run.prompts_per_step:
@@ -99,11 +97,11 @@ class GenerationScheduler:
         else:
             prompts = self._next_prompt_batch()
             job = GenJob(self._next_job_id("train"), route, prompts, "train")
-            ids = [self.codec.encode_prompt(p) for p in prompts for _ in range(self.run.group_size)]
+            ids = [self.task.prompt_ids(p) for p in prompts for _ in range(self.run.group_size)]
         seed = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
         self.jobs[job.job] = job
         params = messages.GenParams(max_new_tokens=self.run.sampling.max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=seed, eos_id=self.codec.eos_id)
+                                    top_p=top_p, seed=seed, stop_ids=list(self.task.stop_ids))
         return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=params)
 
     def _train_groups_in_flight(self) -> int:
@@ -113,8 +111,8 @@ class GenerationScheduler:
         """``prompts_per_job`` prompts of one token length (re-queued ones first)."""
         want = self.run.prompts_per_job
         while True:
-            prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts).prompt
-            bucket = self._length_buckets[len(self.codec.encode_prompt(prompt))]
+            prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts)
+            bucket = self._length_buckets[len(self.task.prompt_ids(prompt))]
             bucket.append(prompt)
             if len(bucket) >= want:
                 batch = bucket[:want]
@@ -141,7 +139,7 @@ class GenerationScheduler:
 
     def _score_groups(self, job: GenJob, m: messages.GenDone) -> None:
         g = self.run.group_size
-        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m.tokens[k * g:(k + 1) * g]]
+        rewards = np.array([[self.task.reward(prompt, t) for t in m.tokens[k * g:(k + 1) * g]]
                             for k, prompt in enumerate(job.prompts)])
         adv, _ = self.rules.advantages(rewards)
         min_version = min(m.versions)

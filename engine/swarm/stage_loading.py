@@ -1,6 +1,6 @@
 """Loading the stage a welcome assigns: from checkpoint files, or from a replica's weights.
 
-* :func:`base_dir`: the base checkpoint directory (the configured one, or the shipped one).
+* :func:`base_dir`: the base checkpoint directory (the run's model, the configured one, or the shipped one).
 * :func:`load_from_files`: the base checkpoint's layers of the stage, or a stage checkpoint.
 * :func:`load_from_peer`: asks a replica for its full weights (``weights_req``; with
   ``stream`` an inference replica also starts following that replica's weight stream),
@@ -24,13 +24,31 @@ from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S
 log = logging.getLogger(__name__)
 
 
-def base_dir(configured: str | None) -> Path:
-    """The base checkpoint directory: ``configured``, or the shipped one."""
+def base_dir(configured: str | None, model: str = "") -> Path:
+    """The base checkpoint directory: the run's ``model`` (a name: the base imported under it in this
+    machine's user data dir; else a path), else ``configured``, else the shipped one.
+
+    A named model that is not imported here raises ``FileNotFoundError`` saying how to import it."""
+    if model:
+        if is_model_name(model):
+            from engine.paths import imported_model_dir
+
+            path = imported_model_dir(model)
+            if not (path / "config.json").exists():
+                raise FileNotFoundError(f"the run trains {model!r}, which is not imported on this machine: "
+                                        f"run `polis import {model} --out {path}` (polis demo does it by itself)")
+            return path
+        return Path(model)
     if configured:
         return Path(configured)
     from engine.paths import base_checkpoint_dir
 
     return base_checkpoint_dir()
+
+
+def is_model_name(model: str) -> bool:
+    """Whether a run's ``model`` is a name (``smollm2-135m``) rather than a directory path."""
+    return "/" not in model and "\\" not in model and model not in (".", "..")
 
 
 async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimizer: OptimizerConfig,

@@ -13,7 +13,7 @@ from engine.swarm import messages as m
 
 PEER = "a" * 16
 TENSOR = {"v": 1, "dtype": "float32", "shape": [2, 3], "encoding": "fp32", "params": {}}
-PARAMS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "eos_id": 2}
+PARAMS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "stop_ids": [2]}
 
 FROM_COORDINATOR = [
     {"type": "challenge", "nonce": "ab" * 16},
