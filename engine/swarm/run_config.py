@@ -18,6 +18,7 @@ sockets or tensors.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Literal, Mapping, get_args, get_type_hints
@@ -186,6 +187,11 @@ def apply_overrides(config: RunConfig, assignments: list[str]) -> RunConfig:
             value = int(raw)
         elif isinstance(old, float):
             value = float(raw)
+        elif isinstance(old, (dict, list)):  # e.g. task.options={"min_terms": 2, "max_terms": 2}
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise ValueError(f"{key} must be JSON, e.g. {key}={{\"min_terms\": 2}}") from None
         else:
             value = raw
         target[parts[-1]] = value
