@@ -357,6 +357,7 @@ class Coordinator:
                          for v in self.store.versions()],
             "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
+            "samples": list(generation.samples),
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,

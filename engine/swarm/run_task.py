@@ -74,6 +74,9 @@ class RunTask(Protocol):
     def eval_score(self, prompt: str, completion_ids: Sequence[int]) -> EvalScore:
         """Scores of a greedy held-out completion; never raises."""
 
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        """(question, answer) as a person reads them (for the live samples); never raises."""
+
 
 class DigitRunTask:
     """A digit task on a character-level base: keys are the prompt texts."""
@@ -99,6 +102,9 @@ class DigitRunTask:
     def eval_score(self, prompt: str, completion_ids: Sequence[int]) -> EvalScore:
         hit = float(exact_match(self.task, prompt, completion_ids, self.codec))
         return EvalScore(hit, hit)
+
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        return prompt, self.codec.decode_lenient(completion_ids)
 
 
 class ChatRunTask:
@@ -160,6 +166,14 @@ class ChatRunTask:
             return EvalScore(0.0, 0.0)
         score = self.task.score_tokens(item, completion_ids, self.codec)
         return EvalScore(float(score.strict), float(score.content))
+
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        item = self._live.get(prompt) or self._eval.get(prompt)
+        try:
+            answer = self.codec.decode_completion(completion_ids)
+        except (TypeError, ValueError, OverflowError):
+            answer = ""
+        return (item.question if item is not None else prompt), answer
 
 
 def make_run_task(config: TaskConfig, checkpoint_dir: str | Path) -> DigitRunTask | ChatRunTask:

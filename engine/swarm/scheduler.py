@@ -34,6 +34,11 @@ from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
 
+#: scored training completions kept for people to read (``samples`` in the stats API)
+MAX_SAMPLES = 6
+#: longest question / answer text of a kept sample (characters)
+MAX_SAMPLE_CHARS = 400
+
 
 @dataclass
 class GenJob:
@@ -62,6 +67,8 @@ class GenerationScheduler:
         self.received_rollouts = 0
         #: rollouts scored per peer that was on their generation route (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
+        #: the latest scored completions, one per job: question, answer, reward, version (newest last)
+        self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
 
     def _next_job_id(self, kind: str) -> str:
         return f"{kind[0]}{next(self._job_ids)}"
@@ -151,6 +158,9 @@ class GenerationScheduler:
                      for t, lp, r, a in zip(m.tokens[sl], m.logprobs[sl], rewards[k], adv[k])]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
+        question, answer = self.task.sample_text(job.prompts[0], m.tokens[0])
+        self.samples.append({"prompt": question[-MAX_SAMPLE_CHARS:], "answer": answer[:MAX_SAMPLE_CHARS],
+                             "reward": round(float(rewards[0, 0]), 4), "version": int(min_version)})
         for peer in set(job.route):
             self.scored_by_peer[peer] += len(rows)
         counters = self.book.counters
