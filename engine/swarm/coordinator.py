@@ -106,6 +106,7 @@ class Coordinator:
         self.checkpoint_dir: Path = base_dir(config.base_checkpoint, self.run.model)
         self.model_config = ModelConfig.from_file(self.checkpoint_dir / "config.json")
         self.task = make_run_task(self.run.task, self.checkpoint_dir)
+        self.model_parameters = self.model_config.num_parameters
         self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
         self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)
         self.store.set_meta("run", self.run.to_dict())
@@ -345,6 +346,7 @@ class Coordinator:
         return {
             "run_id": self.run_id, "version": book.version, "finished": book.finished,
             "task": self.run.task.name, "model": self.run.model or self.checkpoint_dir.name,
+            "model_parameters": self.model_parameters,
             "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
