@@ -8,6 +8,7 @@ strict and the content-only score; a task that does not fit the model's tokenize
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,19 @@ def test_a_task_that_does_not_fit_the_models_tokenizer_is_refused_with_what_to_d
         make_run_task(BASE_TASK, model_dir)
     with pytest.raises(CodecError, match="set model"):
         make_run_task(CHAIN_SUM, base_checkpoint_dir())
+
+
+def test_a_named_model_is_the_base_imported_in_this_machines_data_dir_or_says_how_to_import_it(
+        monkeypatch, tmp_path, model_dir):
+    from engine.swarm.stage_loading import base_dir
+
+    monkeypatch.setenv("POLIS_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"polis import tiny-tied --out .*models/tiny-tied"):
+        base_dir("/the/flag/default", "tiny-tied")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny-tied").symlink_to(model_dir)
+    assert base_dir("/the/flag/default", "tiny-tied") == tmp_path / "models" / "tiny-tied"
+    assert base_dir("/the/flag/default", str(model_dir)) == model_dir  # a path is taken as it is
+    assert base_dir("/the/flag/default", "") == Path("/the/flag/default")  # no model named: the flag's
+    with pytest.raises(ValueError, match="model"):
+        RunConfig(model="bad\x01name")
