@@ -50,6 +50,8 @@ REAL_MODEL_SETTINGS = (
     "micro_batch_rows=8", "updates_per_batch=1", "lr=5e-06", "sampling.max_new_tokens=48",
     "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
 )
+#: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
+REAL_MODEL_TIMEOUT_S = 600.0
 #: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
 DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
@@ -96,10 +98,13 @@ def _post(url: str, token: str) -> dict[str, Any]:
 
 
 def coordinator_argv(run_dir: Path, port: int, *, stages: int = DEFAULT_STAGES, checkpoint: str | None = None,
-                     max_versions: int = 0, settings: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     max_versions: int = 0, settings: list[str] | tuple[str, ...] = (),
+                     real_model: bool = False) -> list[str]:
     """The demo coordinator's ``polis`` arguments (the recipe of every demo run)."""
     argv = ["-v", "coordinator", "--db", str(run_dir / "coordinator.db"), "--port", str(port),
             "--stages", str(stages), "--admin-token-file", str(run_dir / "admin-token")]
+    if real_model:  # a 64-row job of 48 tokens takes ~45 s alone on 2 cores, two in flight twice that
+        argv += ["--job-timeout-s", str(REAL_MODEL_TIMEOUT_S), "--step-timeout-s", str(REAL_MODEL_TIMEOUT_S)]
     if checkpoint:
         argv += ["--checkpoint", checkpoint]
     if max_versions:
@@ -207,7 +212,7 @@ class DemoSwarm:
         a = self.args
         self.group.spawn("coordinator", coordinator_argv(self.run_dir, self.port, stages=a.stages,
                                                          checkpoint=a.checkpoint, max_versions=a.max_versions,
-                                                         settings=a.set))
+                                                         settings=a.set, real_model=bool(a.model)))
         deadline = time.monotonic() + 60
         while not coordinator_alive(self.url):
             if time.monotonic() > deadline or self.procs[0].poll() is not None:
@@ -346,6 +351,9 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         # the coordinator's view of the last steps: seconds from taking the batch to the new version
         # (training micro-batches through the pipeline + the replicas' apply), and what generation made
         "step_seconds_mean": round(sum(s["seconds"] for s in steps) / len(steps), 2) if steps else None,
+        # a training generation job (prompts_per_job x group_size rows), dispatch to last token, jobs overlapping
+        "train_job_seconds_mean": _mean_of(stats["counters"], "train"),
+        "eval_job_seconds_mean": _mean_of(stats["counters"], "eval"),
         "nodes": args.stages * args.replicas, "stages": args.stages, "versions": stats["version"],
         "rollouts_lost": max(0, stats["received_rollouts"] - sum(counts.values())),
         "rollouts": counts, "bytes_on_wire": int(stats["bytes_on_wire"]),
@@ -355,6 +363,11 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],
         "eval_curve": [[e["version"], e["accuracy"], e.get("content")] for e in evals],
     }
+
+
+def _mean_of(counters: dict[str, Any], kind: str) -> float | None:
+    done = counters.get(f"{kind}_jobs_done", 0)
+    return round(counters.get(f"{kind}_job_seconds", 0.0) / done, 2) if done else None
 
 
 def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:

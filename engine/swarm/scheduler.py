@@ -139,6 +139,9 @@ class GenerationScheduler:
             self._fail_job(job.job, "malformed result")
             return
         del self.jobs[job.job]
+        counters = self.book.counters  # wall time from dispatch to the last token, per kind of job
+        counters[f"{job.kind}_job_seconds"] += time.monotonic() - job.dispatched
+        counters[f"{job.kind}_jobs_done"] += 1
         if job.kind == "eval":
             self.evals.on_result(job.job, m.tokens, m.versions)
         else:
