@@ -368,6 +368,16 @@ class WDelta(WireMessage, frozen=True, tag="wdelta"):
     delta: OpaqueMap  # engine.net.shadow_delta wire header, checked there
 
 
+class TiedGrad(WireMessage, frozen=True, tag="tied_grad"):
+    """The first or the last stage's replica-aggregated gradient of the embedding both hold (tied),
+    fp32, with the squared norm of the rest of its gradient (the two stages clip as one unit)."""
+
+    step: Step  # optimiser step
+    stage: StageIndex  # the sender's stage (0 or the last)
+    rest_sq_norm: Annotated[float, Meta(ge=0.0, le=1e30)]  # squared L2 norm of its other gradients
+    tensors: Annotated[list[TensorEntry], Meta(max_length=16)]  # the tied tensors, fp32
+
+
 class WLead(WireMessage, frozen=True, tag="wlead"):
     """I lead your stage now and hold no stream for you: fetch full weights from me."""
 
@@ -375,7 +385,7 @@ class WLead(WireMessage, frozen=True, tag="wlead"):
     version: Version  # the leader's version
 
 
-PeerMessage = Union[Act, Tok, Drop, Grad, Share, WeightsReq, Weights, WDelta, WLead]
+PeerMessage = Union[Act, Tok, Drop, Grad, Share, TiedGrad, WeightsReq, Weights, WDelta, WLead]
 
 
 # ---------------------------------------------------------------- decoders and encoders

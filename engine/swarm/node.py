@@ -160,6 +160,7 @@ class Node:
             messages.Tok: self.generation.on_tok,
             messages.Drop: self.generation.on_drop,
             messages.Share: self.replicas.on_share,
+            messages.TiedGrad: self.replicas.tied.on_tied_grad,
             messages.WeightsReq: self._on_weights_req,
         }
 
