@@ -347,6 +347,7 @@ class Coordinator:
             "run_id": self.run_id, "version": book.version, "finished": book.finished,
             "task": self.run.task.name, "model": self.run.model or self.checkpoint_dir.name,
             "model_parameters": self.model_parameters,
+            "lora_rank": self.run.lora.rank if self.run.lora.enabled else None,  # None: full fine-tuning
             "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],

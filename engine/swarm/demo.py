@@ -44,10 +44,14 @@ REAL_MODEL_TASK = "reasoning_gym:chain_sum"
 REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 #: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 8 prompts x 8 samples a step,
 #: 48 new tokens (room for the working before the tags), 8-row training micro-batches, one update per
-#: batch, the small full-fine-tuning lr of the in-process GRPO that rose on this task, 64 held-out items
+#: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
+#: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
+#: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
+#: --set lr=5e-06. Not yet measured against each other in the swarm.
 REAL_MODEL_SETTINGS = (
     "group_size=8", "prompts_per_step=8", "prompts_per_job=8", "generations_in_flight=2",
-    "micro_batch_rows=8", "updates_per_batch=1", "lr=5e-06", "sampling.max_new_tokens=48",
+    "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
+    "lr=5e-05", "sampling.max_new_tokens=48",
     "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
 )
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
@@ -347,7 +351,7 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
     return {
         "eval_before": first and first["accuracy"], "eval_after": last and last["accuracy"],
         "eval_before_content": first and first.get("content"), "eval_after_content": last and last.get("content"),
-        "model": stats.get("model"), "seconds": round(seconds, 1),
+        "model": stats.get("model"), "lora_rank": stats.get("lora_rank"), "seconds": round(seconds, 1),
         # the coordinator's view of the last steps: seconds from taking the batch to the new version
         # (training micro-batches through the pipeline + the replicas' apply), and what generation made
         "step_seconds_mean": round(sum(s["seconds"] for s in steps) / len(steps), 2) if steps else None,
