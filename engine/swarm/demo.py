@@ -351,6 +351,7 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
     return {
         "eval_before": first and first["accuracy"], "eval_after": last and last["accuracy"],
         "eval_before_content": first and first.get("content"), "eval_after_content": last and last.get("content"),
+        "eval_after_version": last and last["version"],  # a step in flight at the end may land after it
         "model": stats.get("model"), "lora_rank": stats.get("lora_rank"), "seconds": round(seconds, 1),
         # the coordinator's view of the last steps: seconds from taking the batch to the new version
         # (training micro-batches through the pipeline + the replicas' apply), and what generation made
@@ -383,7 +384,8 @@ def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     print(f"Held-out {measure} on '{summary['task']}' ({stats['evals'][-1]['n'] if stats['evals'] else 0} "
           "prompts, greedy):", file=out)
     print(f"  before RL (version 0)      {fmt(before)}", file=out)
-    print(f"  after RL  (version {summary['versions']:<4d})   {fmt(after)}", file=out)
+    after_version = summary["eval_after_version"] or summary["versions"]
+    print(f"  after RL  (version {after_version:<4d})   {fmt(after)}", file=out)
     if before is not None and after is not None:
         print(f"  change                     {100 * (after - before):+5.1f} points", file=out)
     if chat:
