@@ -35,9 +35,11 @@ Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
              ``bytes_sent``, ``bytes_received``, ``uptime_s``, ``points``,
              ``policy_version``, ``staleness_mean``, ``tokens_per_s`` (recent rate),
              ``compute_busy_fraction`` (optional: share of wall time the compute thread worked).
-``swarm``    swarm-wide: ``policy_version``, ``eval`` (list of ``{"version", "accuracy"}``),
-             ``reward`` (list of ``{"version", "reward"}``), ``stages`` (list of
-             ``{"stage", "layers", "replicas", "mine"}``).
+``swarm``    swarm-wide: ``policy_version``, ``eval`` (list of ``{"version", "accuracy"}``, with
+             ``content`` for a chat task), ``reward`` (list of ``{"version", "reward"}``), ``stages``
+             (list of ``{"stage", "layers", "replicas", "mine"}``); optional: ``model`` (name),
+             ``model_parameters``, ``task``, ``samples`` (the latest scored completions, list of
+             ``{"prompt", "answer", "reward", "version"}``, newest last).
 ``log``      ``level``, ``message`` (user-facing log lines; the full log is stderr).
 ``error``    ``message`` (what happened), ``hint`` (what to do next), ``fatal`` (bool).
 """
@@ -186,7 +188,15 @@ class Stats(_Event, frozen=True, tag="stats"):
 
 class EvalPoint(_Strict, frozen=True):
     version: Version  # policy version evaluated
-    accuracy: Annotated[float, Meta(ge=0.0, le=1.0)]  # held-out accuracy
+    accuracy: Annotated[float, Meta(ge=0.0, le=1.0)]  # held-out accuracy (a chat task: the strict score)
+    content: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None  # a chat task: the content-only score
+
+
+class SampleRow(_Strict, frozen=True):
+    prompt: Text  # the question as a person reads it (capped by the coordinator)
+    answer: Text  # what the model wrote (capped)
+    reward: Annotated[float, Meta(ge=-1e6, le=1e6)]  # the reward the coordinator gave it
+    version: Version  # the oldest policy version that wrote it
 
 
 class RewardPoint(_Strict, frozen=True):
@@ -208,6 +218,10 @@ class SwarmEvent(_Event, frozen=True, tag="swarm"):
     stages: Annotated[list[StageRow], Meta(max_length=4096)]  # the pipeline
     # mean staleness (versions) of the rollouts in the swarm's last training step; None before one
     staleness_mean: Annotated[float, Meta(ge=0.0, le=1e9)] | None = None
+    model: Name | None = None  # what is being trained, e.g. "smollm2-135m"
+    model_parameters: Annotated[int, Meta(ge=0, le=1 << 50)] | None = None  # its size
+    task: Name | None = None  # e.g. "reasoning_gym:chain_sum"
+    samples: Annotated[list[SampleRow], Meta(max_length=16)] = []  # latest scored completions, newest last
 
 
 class LogEvent(_Event, frozen=True, tag="log"):

@@ -30,6 +30,11 @@ def base_checkpoint_dir() -> Path:
     return resources_dir() / "base-model"
 
 
+def imported_model_dir(name: str) -> Path:
+    """Where ``polis demo --model NAME`` keeps (and a run's ``model: NAME`` finds) an imported base."""
+    return user_data_dir() / "models" / name
+
+
 def user_data_dir() -> Path:
     """Per-user writable directory (settings, identity fallback, stage checkpoints, logs)."""
     override = os.environ.get("POLIS_DATA_DIR")

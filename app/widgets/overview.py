@@ -1,4 +1,4 @@
-"""The Overview tab: the Start/Pause card, swarm status, contribution cards, charts and pipeline.
+"""The Overview tab: the Start/Pause card, swarm status, contribution cards, charts, samples and pipeline.
 
 Shows the run state's view (status line, button, swarm fields), and turns
 already-parsed node events (``status``, ``stats``, ``swarm``) and the contribution
@@ -17,6 +17,7 @@ from app.run_state import RunView
 from app.widgets.charts import SwarmProgressChart, ThroughputChart
 from app.widgets.hero import HeroCard
 from app.widgets.pipeline_view import PipelineView
+from app.widgets.samples_view import SamplesPanel
 from app.widgets.stat_card import StatCard
 from app.widgets.swarm_status import SwarmStatusPanel
 
@@ -60,6 +61,8 @@ class OverviewPage(QWidget):
         charts.addWidget(self.swarm_chart, 1)  # equal halves, whatever their legends say
         charts.addWidget(self.throughput_chart, 1)
         grid.addLayout(charts, 1)
+        self.samples = SamplesPanel()  # the model, the task and what it writes now
+        grid.addWidget(self.samples)
         self.pipeline = PipelineView()
         grid.addWidget(self.pipeline)
 
@@ -88,3 +91,4 @@ class OverviewPage(QWidget):
     def show_swarm(self, swarm: Mapping[str, Any]) -> None:
         self.swarm_chart.set_data(swarm.get("eval"), swarm.get("reward"), task=swarm.get("task"))
         self.pipeline.set_stages(swarm.get("stages"))
+        self.samples.show_swarm(swarm)

@@ -45,8 +45,6 @@ from engine.model.shard_plan import plan_stages
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import peer_id_for, verify_signature
 from engine.net.signalling import SignallingServer
-from engine.rl.codec import TaskCodec
-from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
@@ -56,7 +54,9 @@ from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
+from engine.swarm.run_task import make_run_task
 from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.stream_book import StreamBook
@@ -69,7 +69,8 @@ class CoordinatorConfig:
     """How the coordinator runs.
 
     db_path: SQLite file holding the run (created if missing; resumed if present).
-    base_checkpoint: the model every stage is cut from (config.json + safetensors + tokenizer).
+    base_checkpoint: the model every stage is cut from (config.json + safetensors + tokenizer), unless
+      the run names its own (``RunConfig.model``).
     host / port: where to listen (port 0 = any free port).
     num_stages: pipeline stages the model is cut into (fixed for the life of a run).
     run: the RL run settings (used only when the database holds no run yet).
@@ -97,12 +98,15 @@ class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
         self.store = Store(config.db_path)
-        self.codec = TaskCodec.from_dir(config.base_checkpoint)
         from engine.model.config import ModelConfig
 
-        self.model_config = ModelConfig.from_file(Path(config.base_checkpoint) / "config.json")
         stored = self.store.get_meta("run")
         self.run = run_config_from_dict(stored) if stored else config.run
+        #: the base the run trains (its tokenizer files give the prompts and the stop ids)
+        self.checkpoint_dir: Path = base_dir(config.base_checkpoint, self.run.model)
+        self.model_config = ModelConfig.from_file(self.checkpoint_dir / "config.json")
+        self.task = make_run_task(self.run.task, self.checkpoint_dir)
+        self.model_parameters = self.model_config.num_parameters
         self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
         self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)
         self.store.set_meta("run", self.run.to_dict())
@@ -115,15 +119,14 @@ class Coordinator:
         self.sessions = self.members.sessions  #: peer id -> session of every admitted node
         self.signalling = SignallingServer()
         self.streams = StreamBook()
-        task = make_task(self.run.task)
         rules = UpdateRules(objective=self.run.objective, max_staleness=self.run.max_staleness,
                             updates_per_batch=self.run.updates_per_batch, max_grad_norm=self.run.max_grad_norm)
         self.book = RunBook(self.store)
-        self.evals = EvalScheduler(task, self.codec, self.store)
-        self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
+        self.evals = EvalScheduler(self.task, self.store)
+        self.generation = GenerationScheduler(self.run, rules, self.task, self.store, self.book, self.evals,
                                               self.members, job_timeout_s=config.job_timeout_s,
                                               vocab_size=self.model_config.vocab_size)
-        self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self.members,
+        self.steps = StepRunner(self.run, rules, self.task, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
                                    on_ready=self._members_changed)
@@ -347,7 +350,10 @@ class Coordinator:
         ledger = self.store.ledger()
         return {
             "run_id": self.run_id, "version": book.version, "finished": book.finished,
-            "task": self.run.task.name, "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
+            "task": self.run.task.name, "model": self.run.model or self.checkpoint_dir.name,
+            "model_parameters": self.model_parameters,
+            "lora_rank": self.run.lora.rank if self.run.lora.enabled else None,  # None: full fine-tuning
+            "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
@@ -360,6 +366,7 @@ class Coordinator:
                          for v in self.store.versions()],
             "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
+            "samples": list(generation.samples),
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,

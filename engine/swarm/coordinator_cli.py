@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token-file", default=None,
                         help="write the admin token (for POST /api/eval, /api/finish) to this file")
     parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
+    parser.add_argument("--job-timeout-s", type=float, default=60.0,
+                        help="re-queue a generation job unanswered this long (default 60; a real model on a CPU "
+                             "needs minutes)")
+    parser.add_argument("--step-timeout-s", type=float, default=120.0,
+                        help="abort a training step unfinished this long (default 120)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting, e.g. --set lr=0.001 --set task.max_digits=5 (repeatable)")
 
@@ -46,7 +51,8 @@ def build_config(args):
     if args.seed is not None:
         run = replace(run, seed=args.seed)
     return CoordinatorConfig(db_path=args.db, base_checkpoint=args.checkpoint or str(base_checkpoint_dir()),
-                             host=args.host, port=args.port, num_stages=args.stages, run=run)
+                             host=args.host, port=args.port, num_stages=args.stages, run=run,
+                             job_timeout_s=args.job_timeout_s, step_timeout_s=args.step_timeout_s)
 
 
 async def _serve(args) -> int:

@@ -36,6 +36,26 @@ from engine.self_command import polis_command
 #: the demo swarm's shape: ``polis demo`` and the desktop app's local demo (``polis node --demo``) share it.
 DEFAULT_STAGES = 2
 DEFAULT_REPLICAS = 2
+#: the real model's demo: 2 stages x 1 replica (2 node processes on 2 cores)
+REAL_MODEL_REPLICAS = 1
+#: the task the real model's demo trains by default: 2 one-digit terms, where SmolLM2-135M-Instruct
+#: starts well above zero but far from solved (DESIGN §9: about 41-54 % strict with a worked example)
+REAL_MODEL_TASK = "reasoning_gym:chain_sum"
+REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+#: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 8 prompts x 8 samples a step,
+#: 48 new tokens (room for the working before the tags), 8-row training micro-batches, one update per
+#: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
+#: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
+#: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
+#: --set lr=5e-06. Not yet measured against each other in the swarm.
+REAL_MODEL_SETTINGS = (
+    "group_size=8", "prompts_per_step=8", "prompts_per_job=8", "generations_in_flight=2",
+    "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
+    "lr=5e-05", "sampling.max_new_tokens=48",
+    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
+)
+#: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
+REAL_MODEL_TIMEOUT_S = 600.0
 #: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
 DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
@@ -44,8 +64,14 @@ STOP_TIMEOUT_S = 10.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=DEFAULT_STAGES, help=f"pipeline stages (default {DEFAULT_STAGES})")
-    parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS,
-                        help=f"nodes per stage (default {DEFAULT_REPLICAS})")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help=f"nodes per stage (default {DEFAULT_REPLICAS}; {REAL_MODEL_REPLICAS} with --model)")
+    parser.add_argument("--model", default=None,
+                        help="train a real model instead of the tiny base: a name (smollm2-135m: imported into "
+                             "the user data dir on first use) or an imported directory")
+    parser.add_argument("--task", default=None,
+                        help=f"the task (default: the base's digit task; {REAL_MODEL_TASK} with --model), "
+                             "e.g. reasoning_gym:chain_sum")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="training time budget in minutes (default 8; the whole demo stays under 10)")
     parser.add_argument("--max-versions", type=int, default=0, help="stop at this policy version (0: time only)")
@@ -76,10 +102,13 @@ def _post(url: str, token: str) -> dict[str, Any]:
 
 
 def coordinator_argv(run_dir: Path, port: int, *, stages: int = DEFAULT_STAGES, checkpoint: str | None = None,
-                     max_versions: int = 0, settings: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     max_versions: int = 0, settings: list[str] | tuple[str, ...] = (),
+                     real_model: bool = False) -> list[str]:
     """The demo coordinator's ``polis`` arguments (the recipe of every demo run)."""
     argv = ["-v", "coordinator", "--db", str(run_dir / "coordinator.db"), "--port", str(port),
             "--stages", str(stages), "--admin-token-file", str(run_dir / "admin-token")]
+    if real_model:  # a 64-row job of 48 tokens takes ~45 s alone on 2 cores, two in flight twice that
+        argv += ["--job-timeout-s", str(REAL_MODEL_TIMEOUT_S), "--step-timeout-s", str(REAL_MODEL_TIMEOUT_S)]
     if checkpoint:
         argv += ["--checkpoint", checkpoint]
     if max_versions:
@@ -187,7 +216,7 @@ class DemoSwarm:
         a = self.args
         self.group.spawn("coordinator", coordinator_argv(self.run_dir, self.port, stages=a.stages,
                                                          checkpoint=a.checkpoint, max_versions=a.max_versions,
-                                                         settings=a.set))
+                                                         settings=a.set, real_model=bool(a.model)))
         deadline = time.monotonic() + 60
         while not coordinator_alive(self.url):
             if time.monotonic() > deadline or self.procs[0].poll() is not None:
@@ -212,13 +241,44 @@ def _progress_line(stats: dict[str, Any], elapsed_s: float, tok_rate: float) -> 
     steps = stats["steps"]
     last = steps[-1] if steps else {}
     ready = sum(1 for n in stats["nodes"] if n["ready"])
-    acc = " ".join(f"v{e['version']}:{e['accuracy']:.0%}" for e in evals[-4:]) or "-"
+    acc = " ".join(f"v{e['version']}:{e['accuracy']:.0%}" + (f"/{e['content']:.0%}" if e.get("content") not in
+                                                                (None, e["accuracy"]) else "")
+                   for e in evals[-4:]) or "-"  # strict/content where they differ
     return (f"[{elapsed_s:5.0f}s] nodes {ready}/{len(stats['nodes'])}  version {stats['version']:3d}  "
             f"reward {last.get('reward', 0.0):.3f}  eval {acc}  {tok_rate:6.0f} tok/s  "
             f"wire {stats['bytes_on_wire'] / 1e6:6.1f} MB  staleness {last.get('staleness_mean', 0.0):.2f}")
 
 
+def real_model_settings(args: argparse.Namespace) -> list[str]:
+    """The coordinator's run settings for ``args``: the real-model recipe first (with ``--model``),
+    then ``--task``, then the user's own ``--set`` (which win)."""
+    settings: list[str] = []
+    if args.model:
+        settings += [f"model={args.model}", *REAL_MODEL_SETTINGS, f"task.name={args.task or REAL_MODEL_TASK}"]
+        if (args.task or REAL_MODEL_TASK) == REAL_MODEL_TASK:
+            settings.append(f"task.options={json.dumps(REAL_MODEL_TASK_OPTIONS)}")
+    elif args.task:
+        settings.append(f"task.name={args.task}")
+    return settings + list(args.set)
+
+
+def ensure_imported(model: str, out) -> None:
+    """A named model (``smollm2-135m``) not yet in the user data dir is imported there now."""
+    from engine.paths import imported_model_dir
+    from engine.swarm.stage_loading import is_model_name
+
+    if not is_model_name(model) or (imported_model_dir(model) / "config.json").exists():
+        return
+    from engine.model.importers import import_model
+
+    print(f"Importing {model} into {imported_model_dir(model)} (once)...", file=out, flush=True)
+    import_model(model, imported_model_dir(model))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.replicas is None:
+        args.replicas = REAL_MODEL_REPLICAS if args.model else DEFAULT_REPLICAS
+    args.set = real_model_settings(args)
     keep = args.run_dir is not None
     run_dir = Path(args.run_dir) if keep else Path(tempfile.mkdtemp(prefix="polis-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"Starting a swarm on this machine: 1 coordinator + {args.stages} stages x {args.replicas} replicas "
               f"= {args.stages * args.replicas} node processes, talking over WebRTC on 127.0.0.1.", file=out)
         print(f"Logs: {run_dir}", file=out)
+        if args.model:
+            ensure_imported(args.model, out)
         swarm.start()
         stats = _watch(swarm, args, started, out)
         summary = _summary(stats, time.monotonic() - started, args)
@@ -282,11 +344,21 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
 
 def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     evals = stats["evals"]
-    before = next((e["accuracy"] for e in evals if e["version"] == 0), None)
-    after = evals[-1]["accuracy"] if evals and evals[-1]["version"] > 0 else None
+    first = next((e for e in evals if e["version"] == 0), None)
+    last = evals[-1] if evals and evals[-1]["version"] > 0 else None
     counts = stats["rollouts"]
+    steps = stats["steps"]
     return {
-        "eval_before": before, "eval_after": after, "seconds": round(seconds, 1),
+        "eval_before": first and first["accuracy"], "eval_after": last and last["accuracy"],
+        "eval_before_content": first and first.get("content"), "eval_after_content": last and last.get("content"),
+        "eval_after_version": last and last["version"],  # a step in flight at the end may land after it
+        "model": stats.get("model"), "lora_rank": stats.get("lora_rank"), "seconds": round(seconds, 1),
+        # the coordinator's view of the last steps: seconds from taking the batch to the new version
+        # (training micro-batches through the pipeline + the replicas' apply), and what generation made
+        "step_seconds_mean": round(sum(s["seconds"] for s in steps) / len(steps), 2) if steps else None,
+        # a training generation job (prompts_per_job x group_size rows), dispatch to last token, jobs overlapping
+        "train_job_seconds_mean": _mean_of(stats["counters"], "train"),
+        "eval_job_seconds_mean": _mean_of(stats["counters"], "eval"),
         "nodes": args.stages * args.replicas, "stages": args.stages, "versions": stats["version"],
         "rollouts_lost": max(0, stats["received_rollouts"] - sum(counts.values())),
         "rollouts": counts, "bytes_on_wire": int(stats["bytes_on_wire"]),
@@ -294,20 +366,31 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         "update_bytes_ratio_vs_dense": (stats["update_bytes"] / stats["dense_update_bytes"]
                                         if stats["dense_update_bytes"] else None),
         "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],
-        "eval_curve": [[e["version"], e["accuracy"]] for e in evals],
+        "eval_curve": [[e["version"], e["accuracy"], e.get("content")] for e in evals],
     }
+
+
+def _mean_of(counters: dict[str, Any], kind: str) -> float | None:
+    done = counters.get(f"{kind}_jobs_done", 0)
+    return round(counters.get(f"{kind}_job_seconds", 0.0) / done, 2) if done else None
 
 
 def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     before, after = summary["eval_before"], summary["eval_after"]
     fmt = lambda x: "n/a" if x is None else f"{100 * x:5.1f} %"  # noqa: E731
     print("", file=out)
-    print(f"Held-out exact match on '{summary['task']}' ({stats['evals'][-1]['n'] if stats['evals'] else 0} "
+    chat = ":" in summary["task"] or summary["task"] == "mixture"
+    measure = "strict score (answer in <answer> tags)" if chat else "exact match"
+    print(f"Held-out {measure} on '{summary['task']}' ({stats['evals'][-1]['n'] if stats['evals'] else 0} "
           "prompts, greedy):", file=out)
     print(f"  before RL (version 0)      {fmt(before)}", file=out)
-    print(f"  after RL  (version {summary['versions']:<4d})   {fmt(after)}", file=out)
+    after_version = summary["eval_after_version"] or summary["versions"]
+    print(f"  after RL  (version {after_version:<4d})   {fmt(after)}", file=out)
     if before is not None and after is not None:
         print(f"  change                     {100 * (after - before):+5.1f} points", file=out)
+    if chat:
+        b, a = summary["eval_before_content"], summary["eval_after_content"]
+        print(f"  content only (the stated answer, tags ignored): {fmt(b)} -> {fmt(a)}", file=out)
     print(f"Run: {summary['seconds']:.0f} s, {summary['nodes']} nodes, {summary['stages']} stages, "
           f"{summary['tokens_generated']} tokens generated, {summary['bytes_on_wire'] / 1e6:.1f} MB on the wire, "
           f"rollouts lost: {summary['rollouts_lost']}", file=out)

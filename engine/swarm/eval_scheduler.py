@@ -1,7 +1,10 @@
 """Held-out evals of the swarm's policy: which prompts to decode greedily next, and the scores.
 
 An eval of version v decodes every held-out prompt greedily, ``EVAL_ROWS`` prompts of one token
-length per job, and records the exact-match accuracy for v in the store. The first eval (of the
+length per job, and records two figures for v in the store: the task's strict score (``accuracy``;
+exact match for a digit task, the answer in tags for a chat task) and the content-only score
+(``content``: the answer the text states, format ignored; equal to strict for a digit task).
+Prompts and scores come from the run's task (``engine.swarm.run_task``). The first eval (of the
 base, version 0) runs before any training; later ones when asked (every
 ``eval_every_versions``, at the end, or by an operator). The generation scheduler asks
 :meth:`EvalScheduler.next_batch` for eval work before it dispatches training rollouts, and
@@ -17,9 +20,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from engine.rl.codec import TaskCodec
-from engine.rl.tasks import Task
-from engine.rl.tasks.rewards import exact_match
+from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ EVAL_ROWS = 64
 class EvalRound:
     version: int
     pending: dict[str, list[str]] = field(default_factory=dict)  #: job id -> its prompts, dispatched
-    correct: int = 0
+    strict: float = 0.0  #: sum of the strict scores so far
+    content: float = 0.0  #: sum of the content-only scores so far
     total: int = 0
     min_version: int | None = None  #: the oldest stage version that served any of its jobs
     queue: deque[list[str]] = field(default_factory=deque)  #: prompt batches not dispatched yet
@@ -41,8 +43,8 @@ class EvalRound:
 class EvalScheduler:
     """Eval rounds of one run, one at a time."""
 
-    def __init__(self, task: Task, codec: TaskCodec, store: Store) -> None:
-        self.task, self.codec, self.store = task, codec, store
+    def __init__(self, task: RunTask, store: Store) -> None:
+        self.task, self.store = task, store
         self.round: EvalRound | None = None
         #: the version to evaluate next (None: nothing asked); the base is evaluated first
         self.wanted: int | None = 0 if not store.evals() else None
@@ -81,8 +83,8 @@ class EvalScheduler:
 
     def _start(self, version: int) -> None:
         by_length: dict[int, list[str]] = defaultdict(list)
-        for example in self.task.eval_split():
-            by_length[len(self.codec.encode_prompt(example.prompt))].append(example.prompt)
+        for prompt in self.task.eval_prompts():
+            by_length[len(self.task.prompt_ids(prompt))].append(prompt)
         queue: deque[list[str]] = deque()
         for _, prompts in sorted(by_length.items()):
             for i in range(0, len(prompts), EVAL_ROWS):
@@ -97,14 +99,18 @@ class EvalScheduler:
         if r is None or job_id not in r.pending:
             return
         prompts = r.pending.pop(job_id)
-        r.correct += sum(exact_match(self.task, p, t, self.codec) for p, t in zip(prompts, tokens))
+        for prompt, completion in zip(prompts, tokens):
+            score = self.task.eval_score(prompt, completion)
+            r.strict += score.strict
+            r.content += score.content
         r.total += len(prompts)
         low = min(versions)
         r.min_version = low if r.min_version is None else min(r.min_version, low)
         if not r.pending and not r.queue:
-            accuracy = r.correct / max(r.total, 1)
-            self.store.record_eval(r.version, accuracy, r.total)
-            log.info("eval version %d: exact match %.3f on %d held-out prompts", r.version, accuracy, r.total)
+            accuracy, content = r.strict / max(r.total, 1), r.content / max(r.total, 1)
+            self.store.record_eval(r.version, accuracy, r.total, content=content)
+            log.info("eval version %d: strict %.3f, content %.3f on %d held-out prompts", r.version, accuracy,
+                     content, r.total)
             self.round = None
 
     def on_failed(self, job_id: str) -> None:

@@ -169,13 +169,14 @@ class Generation:
             if not state.finished[r]:
                 state.tokens[r].append(int(tokens[r]))
                 state.logprobs[r].append(float(logprobs[r]))
-                state.finished[r] = tokens[r] == params.eos_id
+                state.finished[r] = int(tokens[r]) in params.stop_ids
         state.steps += 1
         done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
         if done:
             del self._last[job]
             await ctx.compute.run(rt.drop, job)
-            await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or [params.eos_id] for t in state.tokens],
+            empty = [params.stop_ids[0]]  # a row that produced nothing reads as an immediate stop
+            await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or empty for t in state.tokens],
                                                         logprobs=[lp or [0.0] for lp in state.logprobs],
                                                         versions=state.versions))
         if len(route) == 1:

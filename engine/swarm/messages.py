@@ -55,6 +55,8 @@ MAX_ROWS = 4096
 MAX_TOKENS = 4096
 MAX_STAGES = 256
 MAX_PEERS = 4096
+#: most ids that end a completion (a model's EOS ids plus its end-of-turn token)
+MAX_STOP_IDS = 16
 #: what a node does: trains its stage (and generates), or only generates (inference replica)
 ROLES = ("trainer", "inference")
 _STREAM_MAX = 2**31 - 1
@@ -102,7 +104,9 @@ class GenParams(WireRecord, frozen=True):
     temperature: Annotated[float, Meta(ge=0.0, le=100.0)]  # softmax temperature (0 = greedy)
     top_p: Annotated[float, Meta(ge=1e-6, le=1.0)]  # nucleus truncation (1 = off)
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)]  # sampler seed of this job
-    eos_id: TokenId  # the token that ends a completion
+    # the ids that end a completion (EOS ids + the chat template's end-of-turn token); the first is
+    # the canonical EOS, written for a row that produced nothing
+    stop_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_STOP_IDS)]
 
 
 # ---------------------------------------------------------------- coordinator -> node
@@ -366,6 +370,16 @@ class WDelta(WireMessage, frozen=True, tag="wdelta"):
     delta: OpaqueMap  # engine.net.shadow_delta wire header, checked there
 
 
+class TiedGrad(WireMessage, frozen=True, tag="tied_grad"):
+    """The first or the last stage's replica-aggregated gradient of the embedding both hold (tied),
+    fp32, with the squared norm of the rest of its gradient (the two stages clip as one unit)."""
+
+    step: Step  # optimiser step
+    stage: StageIndex  # the sender's stage (0 or the last)
+    rest_sq_norm: Annotated[float, Meta(ge=0.0, le=1e30)]  # squared L2 norm of its other gradients
+    tensors: Annotated[list[TensorEntry], Meta(max_length=16)]  # the tied tensors, fp32
+
+
 class WLead(WireMessage, frozen=True, tag="wlead"):
     """I lead your stage now and hold no stream for you: fetch full weights from me."""
 
@@ -373,7 +387,7 @@ class WLead(WireMessage, frozen=True, tag="wlead"):
     version: Version  # the leader's version
 
 
-PeerMessage = Union[Act, Tok, Drop, Grad, Share, WeightsReq, Weights, WDelta, WLead]
+PeerMessage = Union[Act, Tok, Drop, Grad, Share, TiedGrad, WeightsReq, Weights, WDelta, WLead]
 
 
 # ---------------------------------------------------------------- decoders and encoders

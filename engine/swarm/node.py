@@ -160,6 +160,7 @@ class Node:
             messages.Tok: self.generation.on_tok,
             messages.Drop: self.generation.on_drop,
             messages.Share: self.replicas.on_share,
+            messages.TiedGrad: self.replicas.tied.on_tied_grad,
             messages.WeightsReq: self._on_weights_req,
         }
 
@@ -268,7 +269,8 @@ class Node:
         stage.run_id = welcome.run_id
         spec = StageSpec(welcome.stage, welcome.num_stages, welcome.layer_start, welcome.layer_end)
         stage.num_layers = welcome.num_layers
-        optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer")
+        optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer",
+                                    lora=stage.run_cfg.lora.backend_config())
         if self.links is not None:
             await self.links.start(welcome.signal_url)
         keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
@@ -277,15 +279,20 @@ class Node:
             await self.leader.clear()
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
             if welcome.source == "peer" and welcome.source_peer:
-                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer)
+                base = self._base_dir() if optimizer.lora.enabled else None  # LoRA: the frozen base from files
+                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer, base)
                 await self.replica.joined(welcome.source_peer, header, weights)
             else:
-                await load_from_files(ctx, base_dir(self.config.base_checkpoint), spec, optimizer,
-                                      welcome.stage_checkpoint, welcome.version)
+                await load_from_files(ctx, self._base_dir(), spec, optimizer, welcome.stage_checkpoint,
+                                      welcome.version)
         stage.spec = spec
         self.replicas.new_weights(fresh=not keep)
         ctx.membership.coordinator_version = welcome.version
         self.replica.after_load()
+
+    def _base_dir(self):
+        """This machine's copy of the run's model (raises, saying how to import it, when absent)."""
+        return base_dir(self.config.base_checkpoint, self.ctx.stage.run_cfg.model)
 
     def _connect_neighbours(self) -> None:
         """Open links ahead of need to every peer we will exchange with (neighbour stages, replicas)."""

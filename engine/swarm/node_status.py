@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 JOB_TTL_S = 120.0
 #: longest a stats poll of the coordinator may take (seconds)
 STATS_TIMEOUT_S = 5.0
-#: the most recent evaluations / versions passed on in a ``swarm`` event
-MAX_EVALS, MAX_VERSIONS = 200, 500
+#: the most recent evaluations / versions / sample completions passed on in a ``swarm`` event
+MAX_EVALS, MAX_VERSIONS, MAX_SAMPLES = 200, 500, 4
+#: longest sample text passed on (characters; the protocol's Text cap is 1000)
+MAX_SAMPLE_CHARS = 400
 
 
 class NodeStatus:
@@ -107,8 +109,13 @@ class NodeStatus:
             steps = stats.get("steps") or []
             staleness = float(steps[-1]["staleness_mean"]) if steps else None
             self.emit("swarm", policy_version=int(stats["version"]), staleness_mean=staleness,
-                      eval=[{"version": int(e["version"]), "accuracy": float(e["accuracy"])}
+                      eval=[{"version": int(e["version"]), "accuracy": float(e["accuracy"]),
+                             **({"content": float(e["content"])} if e.get("content") is not None else {})}
                             for e in stats["evals"][-MAX_EVALS:]],
+                      model=str(stats.get("model") or "")[:200] or None,
+                      model_parameters=int(stats["model_parameters"]) if stats.get("model_parameters") else None,
+                      task=str(stats.get("task") or "")[:200] or None,
+                      samples=[_sample(s) for s in (stats.get("samples") or [])[-MAX_SAMPLES:]],
                       reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}
                               for v in stats["versions"][-MAX_VERSIONS:]],
                       stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]),
@@ -132,3 +139,9 @@ class NodeStatus:
                   stage=spec.stage_index, num_stages=spec.num_stages,
                   layers=spec.describe(ctx.stage.num_layers), role=ctx.role,
                   peers=self.link_count(), policy_version=ctx.stage.rt.version, limits=self.limits)
+
+
+def _sample(row: dict[str, Any]) -> dict[str, Any]:
+    """One of the coordinator's sample completions as the ``swarm`` event carries it (text capped)."""
+    return {"prompt": str(row["prompt"])[-MAX_SAMPLE_CHARS:], "answer": str(row["answer"])[:MAX_SAMPLE_CHARS],
+            "reward": float(row["reward"]), "version": int(row["version"])}

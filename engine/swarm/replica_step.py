@@ -4,9 +4,11 @@ On ``apply`` (from the coordinator, naming the stage's trainers) each trainer
 compresses its accumulated gradient (``engine.swarm.replica_sync``), sends it to
 the other trainers (``share``), waits for theirs up to ``share_timeout_s`` (a
 replica that left the stage is not waited for), aggregates identically to every
-other replica, applies, optionally writes the stage checkpoint, and reports
-``stepped``. A replica that joins or drifted asks another for full weights
-(``weights_req`` / ``weights``; ``sync`` from the coordinator names the source).
+other replica; the first and the last stage of a tied-embedding model then sum their
+gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
+applies, optionally writes the stage checkpoint, and reports ``stepped``. A replica
+that joins or drifted asks another for full weights (``weights_req`` / ``weights``;
+``sync`` from the coordinator names the source).
 
 Hooks: ``release_through(step)`` frees the training activations of the applied
 step; ``after_step(apply_message)`` lets the weight-stream leader stream.
@@ -27,6 +29,7 @@ from engine.swarm import messages, tensor_bundle
 from engine.swarm.messages import Apply, Share, Sync, Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
 from engine.swarm.replica_sync import ReplicaCompressor, aggregate, dense_nbytes
+from engine.swarm.tied_sync import TiedSync
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,10 @@ class ReplicaStep:
 
     def __init__(self, ctx: NodeContext, *, share_timeout_s: float, data_dir: str | None,
                  release_through: Callable[[int], Awaitable[None]],
-                 after_step: Callable[[Apply], None]) -> None:
+                 after_step: Callable[[Apply], None], tied_timeout_s: float = 120.0) -> None:
         self.ctx = ctx
+        #: the tied embedding's gradient with the other end of the pipeline (first <-> last stage)
+        self.tied = TiedSync(ctx, timeout_s=tied_timeout_s)
         self.share_timeout_s = share_timeout_s
         self.data_dir = data_dir
         self._release_through = release_through
@@ -84,6 +89,7 @@ class ReplicaStep:
             self._shares.clear()
         else:
             self._shares.pop(step, None)
+        self.tied.forget(step)
 
     # ------------------------------------------------------------------ the step
     async def _apply(self, msg: Apply) -> None:
@@ -116,7 +122,12 @@ class ReplicaStep:
             agg = await ctx.compute.run(aggregate, contributions)
         else:
             agg = grads
-        norm = await ctx.compute.run(rt.apply, agg, ctx.stage.run_cfg.max_grad_norm, version)
+        tied = await self.tied.combine(step, agg)  # None: nothing shared with another stage
+        if tied is None:
+            norm = await ctx.compute.run(rt.apply, agg, ctx.stage.run_cfg.max_grad_norm, version)
+        else:
+            norm = await ctx.compute.run(rt.apply, tied.grads, ctx.stage.run_cfg.max_grad_norm, version,
+                                         tied.norm)
         checksum = await ctx.compute.run(rt.checksum)
         self._shares = {s: v for s, v in self._shares.items() if s > step}
         await self._release_through(step)

@@ -18,6 +18,7 @@ sockets or tensors.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Literal, Mapping, get_args, get_type_hints
@@ -25,6 +26,7 @@ from typing import Annotated, Any, Literal, Mapping, get_args, get_type_hints
 import msgspec
 from msgspec import Meta
 
+from backends.base import LORA_TARGETS, LoraConfig
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import SamplingConfig
@@ -41,13 +43,54 @@ _checking = threading.local()
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapters on the frozen base (``backends.base.LoraConfig``), or full fine-tuning.
+
+    Fields:
+      enabled: train adapters only (the base stays frozen). Replicas then exchange adapter
+        gradients only, the weight stream and stage checkpoints carry adapters only, and the
+        tied embedding is frozen (nothing to sum across stages). Off: every parameter trains.
+      rank: r, the inner dimension of the adapter ``B A``.
+      alpha: the adapter's update is scaled by ``alpha / rank``.
+      target_modules: which linear layers of every decoder layer get an adapter (default: all
+        of ``q/k/v/o_proj`` and ``gate/up/down_proj``, as "LoRA Without Regret" advises).
+      init_seed: seeds ``A`` (with the tensor's name), so every replica starts from the same adapter.
+    """
+
+    enabled: bool = False
+    rank: Annotated[int, Meta(ge=1, le=4096)] = 16
+    alpha: Annotated[float, Meta(gt=0.0, le=1e6)] = 32.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    init_seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        if unknown:  # checked even while off, so a run that turns LoRA on later cannot fail then
+            raise ValueError(f"lora.target_modules: unknown {unknown}; choose from {', '.join(LORA_TARGETS)}")
+        self.backend_config()  # the backends' own checks (distinct names, rank, alpha)
+
+    def backend_config(self) -> LoraConfig:
+        """The backends' ``LoraConfig`` for these settings."""
+        return LoraConfig(enabled=self.enabled, rank=self.rank, alpha=float(self.alpha),
+                          target_modules=tuple(self.target_modules), init_seed=self.init_seed)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One RL run across the swarm.
 
     Fields:
-      task: which verifiable task, its difficulty and reward.
+      model: the base every stage is cut from. "" (default): the checkpoint each process was
+        started with (``--checkpoint``; the shipped tiny base unless given). A name such as
+        ``smollm2-135m``: the base imported under that name in each machine's user data dir
+        (``<data dir>/models/<name>``: ``polis import smollm2-135m --out`` there; ``polis demo
+        --model`` imports it on first use), so every node finds its own copy. Anything with a
+        ``/``: that directory, on every machine. A chat task needs a model with a chat template.
+      task: which verifiable task, its difficulty and reward (a digit task on the tiny base; a
+        chat task, ``reasoning_gym:<dataset>`` with its options, on a real model).
       objective: decoupled-PPO hyper-parameters (engine.rl.objective).
-      sampling: temperature / top-p / completion budget for rollouts.
+      sampling: temperature / top-p / completion budget (``max_new_tokens``, stop token included)
+        for rollouts; evals decode greedily with the same budget.
       group_size: samples per prompt (G).
       prompts_per_step: prompt groups consumed by one optimiser step.
       micro_batch_rows: most sequences in one training micro-batch through the pipeline.
@@ -55,7 +98,8 @@ class RunConfig:
         with more than one, a forward-only pass first records the proximal log-probs of every
         row under the weights at the start of the batch (decoupled PPO's anchor).
       max_staleness: rollouts more than this many policy versions behind are dropped (unit: versions).
-      lr: AdamW learning rate on every stage.
+      lora: LoRA adapters (the default of a real model's demo) or full fine-tuning (``LoraSettings``).
+      lr: AdamW learning rate on every stage (LoRA wants about 10x the full-fine-tuning rate).
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
       activation_encoding: how activations and their gradients travel between stages.
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
@@ -79,6 +123,7 @@ class RunConfig:
     on every construction.
     """
 
+    model: Annotated[str, Meta(max_length=1024, pattern=r"^[^\x00-\x1f]*$")] = ""
     task: TaskConfig = field(default_factory=lambda: BASE_TASK)
     objective: ObjectiveConfig = field(default_factory=lambda: ObjectiveConfig(scale_by_std=True))
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, max_new_tokens=8))
@@ -87,6 +132,7 @@ class RunConfig:
     micro_batch_rows: Annotated[int, Meta(ge=1, le=4096)] = 128
     updates_per_batch: Annotated[int, Meta(ge=1, le=64)] = 4
     max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 4
+    lora: LoraSettings = field(default_factory=LoraSettings)
     # measured in the swarm demo (12.5% -> 100% in 483 s); the in-process recipe uses 2.5e-4
     lr: Annotated[float, Meta(gt=0.0, lt=1.0)] = 3e-4
     max_grad_norm: Annotated[float, Meta(ge=0.0, lt=1e6)] = 1.0
@@ -177,6 +223,11 @@ def apply_overrides(config: RunConfig, assignments: list[str]) -> RunConfig:
             value = int(raw)
         elif isinstance(old, float):
             value = float(raw)
+        elif isinstance(old, (dict, list)):  # e.g. task.options={"min_terms": 2, "max_terms": 2}
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise ValueError(f"{key} must be JSON, e.g. {key}={{\"min_terms\": 2}}") from None
         else:
             value = raw
         target[parts[-1]] = value

@@ -26,18 +26,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.rl.codec import TaskCodec
-from engine.rl.tasks import Task
-from engine.rl.tasks.rewards import token_reward
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
+
+#: scored training completions kept for people to read (``samples`` in the stats API)
+MAX_SAMPLES = 6
+#: longest question / answer text of a kept sample (characters)
+MAX_SAMPLE_CHARS = 400
 
 
 @dataclass
@@ -52,19 +55,19 @@ class GenJob:
 class GenerationScheduler:
     """Generation jobs of one run. Lives on the coordinator's event loop."""
 
-    def __init__(self, run: RunConfig, rules: UpdateRules, task: Task, codec: TaskCodec, store: Store,
-                 book: RunBook, evals: EvalScheduler, links: NodeLinks, *, job_timeout_s: float = 60.0,
-                 vocab_size: int | None = None) -> None:
-        self.run, self.rules, self.task, self.codec = run, rules, task, codec
+    def __init__(self, run: RunConfig, rules: UpdateRules, task: RunTask, store: Store,
+                 book: RunBook, evals: EvalScheduler, links: NodeLinks, *, vocab_size: int,
+                 job_timeout_s: float = 60.0) -> None:
+        self.run, self.rules, self.task = run, rules, task
         #: what an honest result can contain (``engine.swarm.rollout_checks``); vocab_size: the model's
-        self.limits = RolloutLimits(vocab_size=vocab_size or codec.vocab_size, stop_ids=frozenset(codec.stop_ids),
+        self.limits = RolloutLimits(vocab_size=vocab_size, stop_ids=frozenset(task.stop_ids),
                                     max_new_tokens=run.sampling.max_new_tokens)
         #: refused results per generator (the last stage of their route): evidence for eviction
         self.flagged: Counter[str] = Counter()
         self.store, self.book, self.evals, self.links = store, book, evals, links
         self.job_timeout_s = job_timeout_s
         epoch = int(store.get_meta("prompt_epoch", 0))
-        self._prompts = task.train_stream(run.seed + 7919 * epoch)
+        self._prompts = task.train_prompts(run.seed + 7919 * epoch)
         store.set_meta("prompt_epoch", epoch + 1)
         self._retry_prompts: deque[str] = deque()
         self._length_buckets: dict[int, list[str]] = defaultdict(list)
@@ -73,6 +76,8 @@ class GenerationScheduler:
         self.received_rollouts = 0
         #: rollouts scored per peer that was on their generation route (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
+        #: the latest scored completions, one per job: question, answer, reward, version (newest last)
+        self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
 
     def _next_job_id(self, kind: str) -> str:
         return f"{kind[0]}{next(self._job_ids)}"
@@ -100,7 +105,7 @@ class GenerationScheduler:
         if prompts is not None:
             job = GenJob(self._next_job_id("eval"), route, prompts, "eval")
             self.evals.dispatched(job.job, prompts)
-            ids = [self.codec.encode_prompt(p) for p in prompts]
+            ids = [self.task.prompt_ids(p) for p in prompts]
             temperature, top_p = 0.0, 1.0  # greedy
         elif self.evals.baseline_running() or self.book.finished or \
                 self.store.ready_group_count() + self._train_groups_in_flight() >= 2 * self.run.prompts_per_step:
@@ -108,11 +113,11 @@ class GenerationScheduler:
         else:
             prompts = self._next_prompt_batch()
             job = GenJob(self._next_job_id("train"), route, prompts, "train")
-            ids = [self.codec.encode_prompt(p) for p in prompts for _ in range(self.run.group_size)]
+            ids = [self.task.prompt_ids(p) for p in prompts for _ in range(self.run.group_size)]
         seed = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
         self.jobs[job.job] = job
         params = messages.GenParams(max_new_tokens=self.run.sampling.max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=seed, eos_id=self.codec.eos_id)
+                                    top_p=top_p, seed=seed, stop_ids=list(self.task.stop_ids))
         return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=params)
 
     def _train_groups_in_flight(self) -> int:
@@ -122,8 +127,8 @@ class GenerationScheduler:
         """``prompts_per_job`` prompts of one token length (re-queued ones first)."""
         want = self.run.prompts_per_job
         while True:
-            prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts).prompt
-            bucket = self._length_buckets[len(self.codec.encode_prompt(prompt))]
+            prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts)
+            bucket = self._length_buckets[len(self.task.prompt_ids(prompt))]
             bucket.append(prompt)
             if len(bucket) >= want:
                 batch = bucket[:want]
@@ -152,6 +157,9 @@ class GenerationScheduler:
             return
         del self.jobs[job.job]
         m = messages.GenDone(job=m.job, tokens=checked.tokens, logprobs=checked.logprobs, versions=checked.versions)
+        counters = self.book.counters  # wall time from dispatch to the last token, per kind of job
+        counters[f"{job.kind}_job_seconds"] += time.monotonic() - job.dispatched
+        counters[f"{job.kind}_jobs_done"] += 1
         if job.kind == "eval":
             self.evals.on_result(job.job, m.tokens, m.versions)
         else:
@@ -159,7 +167,7 @@ class GenerationScheduler:
 
     def _score_groups(self, job: GenJob, m: messages.GenDone) -> None:
         g = self.run.group_size
-        rewards = np.array([[token_reward(self.task, prompt, t, self.codec) for t in m.tokens[k * g:(k + 1) * g]]
+        rewards = np.array([[self.task.reward(prompt, t) for t in m.tokens[k * g:(k + 1) * g]]
                             for k, prompt in enumerate(job.prompts)])
         adv, _ = self.rules.advantages(rewards)
         min_version = min(m.versions)
@@ -171,6 +179,9 @@ class GenerationScheduler:
                      for t, lp, r, a in zip(m.tokens[sl], m.logprobs[sl], rewards[k], adv[k])]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
+        question, answer = self.task.sample_text(job.prompts[0], m.tokens[0])
+        self.samples.append({"prompt": question[-MAX_SAMPLE_CHARS:], "answer": answer[:MAX_SAMPLE_CHARS],
+                             "reward": round(float(rewards[0, 0]), 4), "version": int(min_version)})
         for peer in set(job.route):
             self.scored_by_peer[peer] += len(rows)
         counters = self.book.counters

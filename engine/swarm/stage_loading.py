@@ -1,8 +1,9 @@
 """Loading the stage a welcome assigns: from checkpoint files, or from a replica's weights.
 
-* :func:`base_dir`: the base checkpoint directory (the configured one, or the shipped one).
+* :func:`base_dir`: the base checkpoint directory (the run's model, the configured one, or the shipped one).
 * :func:`load_from_files`: the base checkpoint's layers of the stage, or a stage checkpoint.
-* :func:`load_from_peer`: asks a replica for its full weights (``weights_req``; with
+* :func:`load_from_peer`: asks a replica for its trainable weights (``weights_req``; under LoRA
+  only the adapters travel: the frozen base comes from this machine's files; with
   ``stream`` an inference replica also starts following that replica's weight stream),
   checks them against the model config they come with, and loads them.
 
@@ -24,13 +25,31 @@ from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S
 log = logging.getLogger(__name__)
 
 
-def base_dir(configured: str | None) -> Path:
-    """The base checkpoint directory: ``configured``, or the shipped one."""
+def base_dir(configured: str | None, model: str = "") -> Path:
+    """The base checkpoint directory: the run's ``model`` (a name: the base imported under it in this
+    machine's user data dir; else a path), else ``configured``, else the shipped one.
+
+    A named model that is not imported here raises ``FileNotFoundError`` saying how to import it."""
+    if model:
+        if is_model_name(model):
+            from engine.paths import imported_model_dir
+
+            path = imported_model_dir(model)
+            if not (path / "config.json").exists():
+                raise FileNotFoundError(f"the run trains {model!r}, which is not imported on this machine: "
+                                        f"run `polis import {model} --out {path}` (polis demo does it by itself)")
+            return path
+        return Path(model)
     if configured:
         return Path(configured)
     from engine.paths import base_checkpoint_dir
 
     return base_checkpoint_dir()
+
+
+def is_model_name(model: str) -> bool:
+    """Whether a run's ``model`` is a name (``smollm2-135m``) rather than a directory path."""
+    return "/" not in model and "\\" not in model and model not in (".", "..")
 
 
 async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimizer: OptimizerConfig,
@@ -42,8 +61,11 @@ async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimiz
 
 
 async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
-                         optimizer: OptimizerConfig) -> tuple[Weights, dict]:
-    """Load ``spec`` from ``peer``'s weights; ``(weights header, weights)`` as they arrived."""
+                         optimizer: OptimizerConfig, base: Path | None = None) -> tuple[Weights, dict]:
+    """Load ``spec`` from ``peer``'s weights; ``(weights header, weights)`` as they arrived.
+
+    Under LoRA (``optimizer.lora.enabled``) the peer sends its adapters only: the frozen base
+    of the stage is read from ``base`` (this machine's copy of the run's model) first."""
     from backends.stage_layout import plan_stage
     from engine.model.config import ModelConfig
 
@@ -51,6 +73,16 @@ async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
     # an inference replica also follows the weight stream that starts from these weights
     await ctx.peers.send(peer, WeightsReq(stage=spec.stage_index, stream=ctx.role == "inference"))
     header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
+    rt = ctx.stage.rt
+    if optimizer.lora.enabled:
+        if base is None:
+            raise ValueError("a LoRA stage loads its frozen base from files; no base checkpoint given")
+        await ctx.compute.run(rt.load_checkpoint, base, spec, optimizer, None, header.version)
+        weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
+        await ctx.compute.run(rt.set_weights, weights, header.version)
+        log.info("loaded stage %d (version %d): base from %s, adapters from replica %s", spec.stage_index,
+                 header.version, base, peer)
+        return header, weights
     config = ModelConfig.from_dict(header.config, source=f"replica {peer}")
     layout = plan_stage(spec, config, [e.name for e in header.tensors])
     weights = tensor_bundle.unpack(header.tensors, payload, layout.shapes, require_all=True)

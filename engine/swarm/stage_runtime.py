@@ -170,18 +170,27 @@ class StageRuntime:
     def grads(self) -> dict[str, np.ndarray]:
         return self._b().grads()
 
+    @property
+    def tied_names(self) -> tuple[str, ...]:
+        """Trainable tensors another stage holds a copy of (the tied embedding), or ()."""
+        return tuple(self.backend.tied_names) if self.backend is not None else ()
+
     def zero_grad(self) -> None:
         self._b().zero_grad()
 
-    def apply(self, aggregated: Mapping[str, np.ndarray], max_grad_norm: float, version: int) -> float:
+    def apply(self, aggregated: Mapping[str, np.ndarray], max_grad_norm: float, version: int,
+              unit_norm: float | None = None) -> float:
         """Install the aggregated gradient, clip its norm (the planner's per-stage rule,
         :func:`engine.rl.update.clip_scale`), AdamW step; returns the pre-clip norm.
+        ``unit_norm``: the norm of the clipping unit this stage belongs to instead of its own
+        (the first and last stage of a tied model, ``engine.swarm.tied_sync``).
 
         A non-finite aggregate (an overflowing or poisoned share) is not applied: the
         weights stay as they are, the step is logged as skipped and 0.0 is returned;
         every replica aggregates the same shares, so all of them skip it alike."""
         backend = self._b()
-        norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in aggregated.values())))
+        norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in aggregated.values()))) \
+            if unit_norm is None else float(unit_norm)
         if not math.isfinite(norm):
             log.warning("stage %d: aggregated gradient of version %d is not finite; step skipped, weights kept",
                         self.spec.stage_index if self.spec else -1, version)

@@ -32,7 +32,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from engine.rl.batch import TrainBatch, stack_batches
-from engine.rl.codec import TaskCodec
 from engine.rl.rollout import Group, Sample
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
@@ -40,6 +39,7 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 class StepRunner:
     """Training steps of one run. Lives on the coordinator's event loop."""
 
-    def __init__(self, run: RunConfig, rules: UpdateRules, codec: TaskCodec, store: Store, book: RunBook,
+    def __init__(self, run: RunConfig, rules: UpdateRules, task: RunTask, store: Store, book: RunBook,
                  evals: EvalScheduler, links: NodeLinks, *, step_timeout_s: float = 120.0) -> None:
-        self.run, self.rules, self.codec, self.store = run, rules, codec, store
+        self.run, self.rules, self.task, self.store = run, rules, task, store
         self.book, self.evals, self.links = book, evals, links
         self.step_timeout_s = step_timeout_s
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
@@ -84,22 +84,22 @@ class StepRunner:
         complete = [g for g in by_group.values() if len(g) == self.run.group_size][: self.run.prompts_per_step]
         if len(complete) < self.run.prompts_per_step:
             return None
-        groups, ids = [], []
+        groups, ids, stops = [], [], set(self.task.stop_ids)
         for rollouts in complete:
             group = Group(prompt=rollouts[0].prompt,
-                          prompt_ids=np.asarray(self.codec.encode_prompt(rollouts[0].prompt), dtype=np.int64))
+                          prompt_ids=np.asarray(self.task.prompt_ids(rollouts[0].prompt), dtype=np.int64))
             for r in rollouts:
                 tokens = np.asarray(r.tokens, dtype=np.int64)
                 group.samples.append(Sample(completion_ids=tokens, behaviour_logprobs=r.behaviour_logprobs,
                                             versions=np.tile(np.asarray(r.versions, dtype=np.int64), (len(tokens), 1)),
-                                            finished=bool(self.codec.eos_id in r.tokens), reward=r.reward))
+                                            finished=any(t in stops for t in r.tokens), reward=r.reward))
             groups.append(group)
             ids.append([r.id for r in rollouts])
         return groups, ids
 
     def plan(self, groups: list[Group], ids: list[list[int]], num_stages: int) -> UpdatePlan:
         """The planner's batch; groups it leaves out (stale, no signal) leave the buffer now."""
-        plan = plan_update(groups, [self.book.version] * num_stages, self.rules, self.codec.pad_id)
+        plan = plan_update(groups, [self.book.version] * num_stages, self.rules, self.task.pad_id)
         left_out = plan.stale + plan.zero_variance
         if left_out:
             self.store.mark_rollouts([i for g in left_out for i in ids[g]], "dropped")
@@ -194,7 +194,7 @@ class StepRunner:
 
     async def _proximal_pass(self, step: int, minibatches: list[TrainBatch]) -> list[np.ndarray] | None:
         """Log-probs of every mini-batch's rows under the current weights (one forward-only pass)."""
-        stacked, offsets = stack_batches(minibatches, self.codec.pad_id)
+        stacked, offsets = stack_batches(minibatches, self.task.pad_id)
         results = await self.microbatches.run(step, stacked, None, forward_only=True)
         if results is None:
             return None

@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS versions (
     version INTEGER PRIMARY KEY, created_at REAL NOT NULL, reward_mean REAL,
     samples INTEGER NOT NULL DEFAULT 0, info TEXT);
 CREATE TABLE IF NOT EXISTS evals (
-    version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, n INTEGER NOT NULL, created_at REAL NOT NULL);
+    version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, n INTEGER NOT NULL, created_at REAL NOT NULL,
+    content REAL);
 """
 
 #: ledger columns a node's report may increment
@@ -84,6 +85,8 @@ class Store:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
         if "role" not in columns:  # databases from before inference replicas: an additive column
             self._db.execute("ALTER TABLE peers ADD COLUMN role TEXT")
+        if "content" not in {row[1] for row in self._db.execute("PRAGMA table_info(evals)")}:
+            self._db.execute("ALTER TABLE evals ADD COLUMN content REAL")  # before chat tasks: additive too
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -251,10 +254,13 @@ class Store:
         rows = self._db.execute("SELECT version, created_at, reward_mean, samples FROM versions ORDER BY version")
         return [dict(version=r[0], created_at=r[1], reward=r[2], samples=r[3]) for r in rows.fetchall()]
 
-    def record_eval(self, version: int, accuracy: float, n: int) -> None:
-        self._db.execute("INSERT OR REPLACE INTO evals(version, accuracy, n, created_at) VALUES(?, ?, ?, ?)",
-                         (int(version), float(accuracy), int(n), time.time()))
+    def record_eval(self, version: int, accuracy: float, n: int, *, content: float | None = None) -> None:
+        """``accuracy``: the strict score; ``content``: the content-only score (None: same as strict)."""
+        content = accuracy if content is None else content
+        self._db.execute("INSERT OR REPLACE INTO evals(version, accuracy, n, created_at, content) "
+                         "VALUES(?, ?, ?, ?, ?)", (int(version), float(accuracy), int(n), time.time(), float(content)))
 
     def evals(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT version, accuracy, n FROM evals ORDER BY version").fetchall()
-        return [dict(version=r[0], accuracy=r[1], n=r[2]) for r in rows]
+        """Every eval, oldest version first: version, accuracy (strict), content, n."""
+        rows = self._db.execute("SELECT version, accuracy, n, content FROM evals ORDER BY version").fetchall()
+        return [dict(version=r[0], accuracy=r[1], n=r[2], content=r[1] if r[3] is None else r[3]) for r in rows]

@@ -168,7 +168,10 @@ def main() -> int:
                       eval=[{"version": v, "accuracy": _curve(v, 0.18, 0.62)} for v in range(1, version + 1)],
                       reward=[{"version": v, "reward": _curve(v, 0.31, 0.55)} for v in range(1, version + 1)],
                       stages=[{"stage": s, "layers": f"layers {2 * s + 1}–{2 * s + 2} of 8",
-                               "replicas": 1 + (s + 1) % 3, "mine": s == 1} for s in range(4)])
+                               "replicas": 1 + (s + 1) % 3, "mine": s == 1} for s in range(4)],
+                      model="smollm2-135m", model_parameters=134_515_008, task="reasoning_gym:chain_sum",
+                      samples=[{"prompt": f"What is {v} + 4?", "answer": f"{v} + 4 = {v + 4}. <answer>{v + 4}</answer>",
+                                "reward": 1.05, "version": v} for v in range(max(1, version - 3), version + 1)])
 
 
 if __name__ == "__main__":

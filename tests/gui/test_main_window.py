@@ -55,6 +55,14 @@ def test_start_fills_cards_status_charts_and_pipeline_from_node_events(qtbot, ma
     assert sum(stage.mine for stage in window.pipeline.stages) == 1
     assert len(list(window.throughput_chart.samples())) > 0
     assert window.hero.button.text() == PAUSE_TEXT
+    # what is being trained, and the newest sample answer first
+    samples = window.overview.samples
+    assert samples.model_label.text() == "Training smollm2-135m (135 M parameters) on reasoning_gym:chain_sum"
+    qtbot.waitUntil(lambda: len(samples.shown_texts()) >= 2, timeout=6000)
+    shown = samples.shown_texts()
+    versions = [int(text.split(" ", 1)[0][1:]) for text in shown]
+    assert versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions)
+    assert "Q: What is" in shown[0] and "<answer>" in shown[0] and samples.waiting.isHidden()
 
 
 def test_pause_stops_the_node_cleanly_and_keeps_the_totals(qtbot, make_window, tmp_path):

@@ -23,6 +23,7 @@ from engine.swarm import messages
 from engine.swarm.eval_scheduler import EVAL_ROWS, EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
 
@@ -57,9 +58,10 @@ def parts(tmp_path):
     task_config = replace(BASE_TASK, eval_size=EVAL_ROWS + 8)  # two eval jobs
     run = RunConfig(task=task_config, group_size=4, prompts_per_step=2, prompts_per_job=1, generations_in_flight=3)
     task, store, links = make_task(task_config), Store(tmp_path / "c.db"), Outbox()
-    book, evals = RunBook(store), EvalScheduler(task, codec, store)
+    run_task = DigitRunTask(task, codec)
+    book, evals = RunBook(store), EvalScheduler(run_task, store)
     rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True, std_eps=0.5))
-    generation = GenerationScheduler(run, rules, task, codec, store, book, evals, links)
+    generation = GenerationScheduler(run, rules, run_task, store, book, evals, links, vocab_size=codec.vocab_size)
     yield generation, evals, store, links, codec, task
     store.close()
 

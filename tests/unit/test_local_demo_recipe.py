@@ -45,7 +45,7 @@ def _normalised(argv: list[str], run_dir: Path) -> list[str]:
 def test_the_local_demo_runs_polis_demos_coordinator_and_the_other_three_nodes(tmp_path, monkeypatch):
     spawned = _record(monkeypatch)
     cli = argparse.Namespace(stages=demo.DEFAULT_STAGES, replicas=demo.DEFAULT_REPLICAS, checkpoint=None,
-                             max_versions=0, set=[], backend="auto")
+                             max_versions=0, set=[], backend="auto", model=None)
     (tmp_path / "cli").mkdir()
     demo.DemoSwarm(tmp_path / "cli", cli).start()
     terminal = [(name, _normalised(argv, tmp_path / "cli")) for name, argv, _ in spawned]
@@ -63,3 +63,19 @@ def test_the_local_demo_runs_polis_demos_coordinator_and_the_other_three_nodes(t
     assert isinstance(part, local_swarm.DemoPart) and isinstance(helpers, local_swarm.DemoPart)
     assert url.startswith("http://127.0.0.1:")
 
+
+
+def test_the_real_model_demo_trains_lora_on_chain_sum_with_two_nodes_and_the_users_settings_win():
+    from engine.swarm.run_config import RunConfig, apply_overrides
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(["--model", "smollm2-135m", "--set", "lora.rank=4"])
+    run = apply_overrides(RunConfig(), demo.real_model_settings(args))
+    assert run.model == "smollm2-135m" and run.task.name == demo.REAL_MODEL_TASK
+    assert run.task.options == demo.REAL_MODEL_TASK_OPTIONS and run.lora.enabled and run.lora.rank == 4
+    assert (run.group_size, run.prompts_per_step, run.sampling.max_new_tokens, run.micro_batch_rows) == (8, 8, 48, 8)
+    argv = demo.coordinator_argv(Path("/run"), 1, real_model=True)
+    assert argv[argv.index("--job-timeout-s") + 1] == str(demo.REAL_MODEL_TIMEOUT_S)
+    plain = parser.parse_args(["--task", "sorting"])
+    assert demo.real_model_settings(plain) == ["task.name=sorting"]  # the tiny base keeps its recipe

@@ -25,7 +25,7 @@ from tests.support.memory_wire import MemoryWire, RecordingCoordinator
 pytest.importorskip("torch")
 
 P0, P1, P2 = "peer0000", "peer1111", "peer2222"
-PARAMS = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "seed": 7, "eos_id": 2}
+PARAMS = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "seed": 7, "stop_ids": [2]}
 
 
 def _node(peer_id: str, wire: MemoryWire) -> Node:

@@ -9,11 +9,15 @@ from aiohttp import web
 
 from backends.base import StageSpec
 from engine.swarm.node_context import HeldStage, NodeContext
-from engine.swarm.node_status import NodeStatus
+from engine.control_protocol import encode_event, parse_event
+from engine.swarm.node_status import MAX_SAMPLES, NodeStatus
 
 STATS = {"version": 7, "evals": [{"version": 5, "accuracy": 0.5}], "versions": [{"version": 7, "reward": None}],
          "stages": [{"stage": 0, "layers": "0-1", "replicas": ["me000000"], "inference": ["other000"]}],
-         "steps": [{"version": 6, "staleness_mean": 1.0}, {"version": 7, "staleness_mean": 2.5}]}
+         "steps": [{"version": 6, "staleness_mean": 1.0}, {"version": 7, "staleness_mean": 2.5}],
+         "model": "smollm2-135m", "model_parameters": 134515008, "task": "reasoning_gym:chain_sum",
+         "samples": [{"prompt": "What is 3 + 4?", "answer": "3 + 4 = 7. <answer>7</answer>" + "x" * 2000,
+                      "reward": 1.05, "version": 6}] * 9}
 
 
 def test_swarm_figures_come_over_one_reused_http_session_and_status_names_the_stage():
@@ -55,6 +59,11 @@ def test_swarm_figures_come_over_one_reused_http_session_and_status_names_the_st
     assert len(swarm) == 2 and swarm[0]["policy_version"] == 7 and swarm[0]["reward"] == [{"version": 7, "reward": 0.0}]
     assert swarm[0]["stages"] == [{"stage": 0, "layers": "0-1", "replicas": 2, "mine": True}]
     assert swarm[0]["staleness_mean"] == 2.5  # the swarm's last step, so the window's Staleness is filled
+    # what is being trained and what it writes now: the latest few samples, text capped to the protocol's bounds
+    assert (swarm[0]["model"], swarm[0]["model_parameters"], swarm[0]["task"]) == \
+        ("smollm2-135m", 134515008, "reasoning_gym:chain_sum")
+    assert len(swarm[0]["samples"]) == MAX_SAMPLES and swarm[0]["samples"][-1]["version"] == 6
+    assert parse_event(encode_event("swarm", **swarm[0]))["samples"][0]["answer"].startswith("3 + 4 = 7.")
     assert len(set(peers_seen)) == 1  # both polls on one keep-alive connection
     status = [fields for event, fields in events if event == "status"][-1]
     assert (status["stage"], status["num_stages"], status["peers"], status["policy_version"]) == (0, 2, 2, 3)

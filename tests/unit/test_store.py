@@ -14,7 +14,7 @@ def test_rollouts_survive_a_restart_of_the_store(tmp_path):
     ids = store.add_rollouts([_rollout(i) for i in range(4)])
     store.mark_rollouts(ids[:1], "consumed")
     store.record_version(1, reward_mean=0.2, samples=8)
-    store.record_eval(1, 0.25, 100)
+    store.record_eval(1, 0.25, 100, content=0.5)
     store.add_to_ledger("peer", tokens_generated=10, bytes_sent=100)
     store.close()
 
@@ -23,8 +23,25 @@ def test_rollouts_survive_a_restart_of_the_store(tmp_path):
     assert [r.id for r in ready] == ids[1:]
     np.testing.assert_allclose(ready[0].behaviour_logprobs, [-0.1, -0.2, -0.3], rtol=1e-6)
     assert again.latest_version() == 1
-    assert again.evals() == [{"version": 1, "accuracy": 0.25, "n": 100}]
+    assert again.evals() == [{"version": 1, "accuracy": 0.25, "n": 100, "content": 0.5}]
     assert again.ledger()["peer"]["tokens_generated"] == 10
+
+
+def test_a_database_from_before_content_scores_gains_the_column_and_reads_strict_as_content(tmp_path):
+    import sqlite3
+
+    store = Store(tmp_path / "c.db")
+    store.close()
+    db = sqlite3.connect(str(tmp_path / "c.db"))
+    db.executescript("DROP TABLE evals; CREATE TABLE evals (version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, "
+                     "n INTEGER NOT NULL, created_at REAL NOT NULL); "
+                     "INSERT INTO evals VALUES (0, 0.125, 64, 0.0);")
+    db.close()
+    again = Store(tmp_path / "c.db")
+    again.record_eval(1, 0.25, 64, content=0.75)
+    assert again.evals() == [{"version": 0, "accuracy": 0.125, "n": 64, "content": 0.125},
+                             {"version": 1, "accuracy": 0.25, "n": 64, "content": 0.75}]
+    again.close()
 
 
 def test_versions_never_go_backwards(tmp_path):

@@ -13,7 +13,7 @@ from engine.swarm import messages as m
 
 PEER = "a" * 16
 TENSOR = {"v": 1, "dtype": "float32", "shape": [2, 3], "encoding": "fp32", "params": {}}
-PARAMS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "eos_id": 2}
+PARAMS = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 3, "stop_ids": [2]}
 
 FROM_COORDINATOR = [
     {"type": "challenge", "nonce": "ab" * 16},
@@ -57,6 +57,8 @@ PEER_HEADERS = [
     {"type": "drop", "job": "j1", "route": [PEER, PEER], "hop": 1},
     {"type": "grad", "job": "j1", "route": [PEER, PEER], "hop": 0, "tensor": TENSOR, "step": 1, "mb": 0},
     {"type": "share", "step": 1, "tensors": [{"name": "w", "tensor": TENSOR, "nbytes": 24}]},
+    {"type": "tied_grad", "step": 1, "stage": 0, "rest_sq_norm": 2.5,
+     "tensors": [{"name": "model.embed_tokens.weight", "tensor": TENSOR, "nbytes": 24}]},
     {"type": "weights_req", "stage": 0, "stream": True},
     {"type": "weights", "stage": 0, "version": 3, "config": {"n_layer": 4}, "tensors": [], "stream": 7},
     {"type": "wdelta", "stage": 0, "version": 3, "stream": 7, "delta": {"codec": "int8"}},

@@ -19,6 +19,7 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
@@ -69,13 +70,13 @@ def parts(tmp_path):
     codec = TaskCodec.from_dir(base_checkpoint_dir())
     run = RunConfig(group_size=4, prompts_per_step=1, prompts_per_job=1, generations_in_flight=1,
                     updates_per_batch=1, micro_batch_rows=4)
-    task, store, links = make_task(run.task), Store(tmp_path / "c.db"), Outbox()
-    book, evals = RunBook(store), EvalScheduler(task, codec, store)
+    task, store, links = DigitRunTask(make_task(run.task), codec), Store(tmp_path / "c.db"), Outbox()
+    book, evals = RunBook(store), EvalScheduler(task, store)
     store.record_eval(0, 0.1, 10)  # the "before" eval is done: training may start
     evals.wanted = None
     rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True))
-    generation = GenerationScheduler(run, rules, task, codec, store, book, evals, links, vocab_size=codec.vocab_size)
-    steps = StepRunner(run, rules, codec, store, book, evals, links, step_timeout_s=5.0)
+    generation = GenerationScheduler(run, rules, task, store, book, evals, links, vocab_size=codec.vocab_size)
+    steps = StepRunner(run, rules, task, store, book, evals, links, step_timeout_s=5.0)
     yield generation, steps, store, links, codec, task
     store.close()
 

@@ -25,6 +25,7 @@ from engine.rl.trainer import Trainer, TrainerConfig
 from engine.rl.update import UpdateRules, clip_scale, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.run_task import DigitRunTask
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
 from engine.swarm.step_runner import StepRunner
@@ -190,7 +191,8 @@ def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_pa
                     eval_every_versions=0)
     swarm = PlayedSwarm(OBJECTIVE, run.max_grad_norm)
     book = RunBook(store)
-    swarm.steps = StepRunner(run, rules, codec, store, book, EvalScheduler(make_task(BASE_TASK), codec, store), swarm)
+    run_task = DigitRunTask(make_task(BASE_TASK), codec)
+    swarm.steps = StepRunner(run, rules, run_task, store, book, EvalScheduler(run_task, store), swarm)
     assert asyncio.run(swarm.steps.maybe_train())
 
     # the same books: stale groups dropped, the zero-variance one skipped, every group's staleness counted

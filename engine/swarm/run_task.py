@@ -1,0 +1,193 @@
+"""The run's task as the coordinator schedules it: prompt keys, prompt ids, rewards from tokens.
+
+The coordinator's schedulers deal in *prompt keys*: plain strings that the replay buffer
+(SQLite) stores and that map, without any other state, to the prompt's token ids. A
+:class:`RunTask` turns its task into such keys and scores the sampled ids that come back:
+
+* :class:`DigitRunTask` — a character-level digit task on the shipped tiny base
+  (``engine.rl.tasks.make_task`` + ``TaskCodec``): the key is the prompt text itself
+  (``"rev:1234="``), the reward is ``token_reward``, an eval counts exact matches (strict and
+  content-only are the same figure);
+* :class:`ChatRunTask` — a chat task (``reasoning_gym:<dataset>``, ``mixture``) on a real model
+  (``make_chat_task`` + ``ChatCodec``): the key is the item's prompt rendered through the
+  model's chat template (so ids are ``codec.encode(key)``, also after a restart), the reward is
+  the task's ``score_tokens`` (strict score + its small format part), an eval records the
+  strict score and the content-only score (DESIGN §9: report both, claim a skill from content).
+  The items behind the keys handed out (their gold answers and the dataset's entries) are kept
+  in memory, bounded; a key whose item is gone scores 0 and is counted.
+
+Both say which ids end a completion (``stop_ids``, the first is the canonical EOS) and which id
+pads a batch. :func:`make_run_task` picks one from the task's name and the checkpoint's
+tokenizer files. What it does not know: jobs, nodes, messages, the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Protocol, Sequence
+
+from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
+from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
+from engine.rl.tasks.rewards import exact_match, token_reward
+
+log = logging.getLogger(__name__)
+
+#: training items kept for scoring (far above what is ever in flight: two batches plus re-queued jobs)
+MAX_LIVE_ITEMS = 16384
+
+
+@dataclass(frozen=True)
+class EvalScore:
+    """One greedy held-out completion's scores, each in [0, 1].
+
+    Fields:
+      strict: the task's own measure (digit tasks: exact match; chat tasks: the answer in tags).
+      content: the answer the text states, format ignored (digit tasks: equal to ``strict``).
+    """
+
+    strict: float
+    content: float
+
+
+class RunTask(Protocol):
+    """What the coordinator's generation, step and eval scheduling need of a task."""
+
+    name: str
+    pad_id: int
+    stop_ids: tuple[int, ...]  #: ids that end a completion; the first is the canonical EOS
+
+    def train_prompts(self, seed: int) -> Iterator[str]:
+        """An endless seeded stream of training prompt keys (never a held-out one)."""
+
+    def eval_prompts(self) -> list[str]:
+        """The fixed held-out split's prompt keys."""
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The token ids the model sees for a prompt key."""
+
+    def reward(self, prompt: str, completion_ids: Sequence[int]) -> float:
+        """The training reward of sampled ids; never raises."""
+
+    def eval_score(self, prompt: str, completion_ids: Sequence[int]) -> EvalScore:
+        """Scores of a greedy held-out completion; never raises."""
+
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        """(question, answer) as a person reads them (for the live samples); never raises."""
+
+
+class DigitRunTask:
+    """A digit task on a character-level base: keys are the prompt texts."""
+
+    def __init__(self, task: Task, codec: TaskCodec) -> None:
+        self.task, self.codec = task, codec
+        self.name = task.name
+        self.pad_id = codec.pad_id
+        self.stop_ids = (codec.eos_id,)
+
+    def train_prompts(self, seed: int) -> Iterator[str]:
+        return (example.prompt for example in self.task.train_stream(seed))
+
+    def eval_prompts(self) -> list[str]:
+        return [example.prompt for example in self.task.eval_split()]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return self.codec.encode_prompt(prompt)
+
+    def reward(self, prompt: str, completion_ids: Sequence[int]) -> float:
+        return token_reward(self.task, prompt, completion_ids, self.codec)
+
+    def eval_score(self, prompt: str, completion_ids: Sequence[int]) -> EvalScore:
+        hit = float(exact_match(self.task, prompt, completion_ids, self.codec))
+        return EvalScore(hit, hit)
+
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        return prompt, self.codec.decode_lenient(completion_ids)
+
+
+class ChatRunTask:
+    """A chat task on a model with a chat template: keys are the rendered prompts."""
+
+    def __init__(self, task: ChatTask, codec: ChatCodec) -> None:
+        if codec.template is None:
+            raise CodecError(f"{task.name} is a chat task and this model has no chat template; "
+                             "use an instruction-tuned model (e.g. polis import smollm2-135m)")
+        self.task, self.codec = task, codec
+        self.name = task.name
+        self.pad_id = codec.pad_id
+        self.stop_ids = (codec.eos_id, *sorted(codec.stop_ids - {codec.eos_id}))
+        self._eval: dict[str, TaskItem] = {}
+        self._live: OrderedDict[str, TaskItem] = OrderedDict()
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self.unknown_prompts = 0  #: completions of keys whose item was no longer held (scored 0)
+
+    def key(self, item: TaskItem) -> str:
+        """The prompt key of an item: its turns through the chat template."""
+        return self.codec.render(item.prompt.as_dicts(), add_generation_prompt=True)
+
+    def train_prompts(self, seed: int) -> Iterator[str]:
+        for item in self.task.train_items(seed):
+            key = self.key(item)
+            self._live[key] = item
+            self._live.move_to_end(key)
+            while len(self._live) > MAX_LIVE_ITEMS:
+                self._live.popitem(last=False)
+            yield key
+
+    def eval_prompts(self) -> list[str]:
+        if not self._eval:
+            self._eval = {self.key(item): item for item in self.task.eval_items()}
+        return list(self._eval)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        ids = self._ids.get(prompt)
+        if ids is None:
+            ids = self._ids[prompt] = self.codec.encode(prompt)
+            while len(self._ids) > MAX_LIVE_ITEMS:
+                self._ids.popitem(last=False)
+        return list(ids)
+
+    def _item(self, prompt: str) -> TaskItem | None:
+        item = self._live.get(prompt) or self._eval.get(prompt)
+        if item is None:
+            self.unknown_prompts += 1
+            log.warning("no task item for a returned prompt (%d so far); it scores 0", self.unknown_prompts)
+        return item
+
+    def reward(self, prompt: str, completion_ids: Sequence[int]) -> float:
+        item = self._item(prompt)
+        return 0.0 if item is None else self.task.score_tokens(item, completion_ids, self.codec).reward
+
+    def eval_score(self, prompt: str, completion_ids: Sequence[int]) -> EvalScore:
+        item = self._item(prompt)
+        if item is None:
+            return EvalScore(0.0, 0.0)
+        score = self.task.score_tokens(item, completion_ids, self.codec)
+        return EvalScore(float(score.strict), float(score.content))
+
+    def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
+        item = self._live.get(prompt) or self._eval.get(prompt)
+        try:
+            answer = self.codec.decode_completion(completion_ids)
+        except (TypeError, ValueError, OverflowError):
+            answer = ""
+        return (item.question if item is not None else prompt), answer
+
+
+def make_run_task(config: TaskConfig, checkpoint_dir: str | Path) -> DigitRunTask | ChatRunTask:
+    """The run task for ``config`` on the model in ``checkpoint_dir`` (its tokenizer files only).
+
+    Raises ``ValueError`` (``CodecError``) when the task and the model's tokenizer do not fit
+    together: a chat task on a character-level base, or a digit task on a BPE model."""
+    codec = load_codec(checkpoint_dir)
+    if is_chat_task_name(config.name):
+        if not isinstance(codec, ChatCodec):
+            raise CodecError(f"{config.name} is a chat task for a real model, but {checkpoint_dir} is the "
+                             "character-level base; set model (e.g. --set model=smollm2-135m) or --checkpoint")
+        return ChatRunTask(make_chat_task(config), codec)
+    if not isinstance(codec, TaskCodec):
+        raise CodecError(f"{config.name} is a digit task for the character-level base, but {checkpoint_dir} has a "
+                         "BPE tokenizer; choose a chat task (e.g. --set task.name=reasoning_gym:chain_sum)")
+    return DigitRunTask(make_task(config), codec)
