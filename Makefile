@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.polis-installed
 
-.PHONY: demo gui test install clean bench installer installer-test
+.PHONY: demo gui test lint install clean bench installer installer-test
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,12 @@ demo: $(STAMP)
 gui: $(STAMP)
 	$(VENV)/bin/polis
 
-test: $(STAMP)
+# ruff (pyflakes, pycodestyle, bugbear, import order) and mypy over engine/, backends/ and app/.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # The desktop installer for this OS (Linux .tar.gz, macOS .dmg, Windows .zip + setup.exe) in dist/.

@@ -7,7 +7,8 @@ through one ``app.run_state.RunState``, whose view drives the status line, the b
 the tray and the swarm fields, so they cannot disagree. Events also update the cards,
 charts, pipeline and log; a crash, a failed launch or a silent node shows a banner in
 plain words with Restart. The schedule (idle / AC power) holds a running node with the
-protocol's ``pause`` command (shown as "Waiting", never "Paused") and releases it. Closing the window hides it to the tray while contributing; Quit stops the
+protocol's ``pause`` command (shown as "Waiting", never "Paused") and releases it.
+Closing the window hides it to the tray while contributing; Quit stops the
 node, then exits. Nothing here blocks: every step is a signal or a timer.
 """
 
@@ -22,7 +23,12 @@ from typing import Any, Callable
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QMainWindow, QTabWidget, QVBoxLayout, QWidget,
+    QApplication,
+    QFileDialog,
+    QMainWindow,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
 )
 
 from app import autostart, diagnostics, error_hints
@@ -30,8 +36,8 @@ from app.contribution import ContributionLedger
 from app.icons import app_icon
 from app.node_controller import CrashReport, NodeController
 from app.power_policy import IdleDetector, MachineState, battery_state, may_run, read_machine_state
-from app.settings import SWARM_MODE_LABELS, AppSettings, load_settings, node_arguments, save_settings
 from app.run_state import START_WORDS, RunState, RunView
+from app.settings import SWARM_MODE_LABELS, AppSettings, load_settings, node_arguments, save_settings
 from app.settings_dialog import SettingsDialog
 from app.style import style_sheet
 from app.tray import TrayIcon

@@ -137,7 +137,8 @@ def install_command(sonames: list[str], manager: str | None = None) -> str:
         return "sudo dnf install " + " ".join(dict.fromkeys(fedora))
     if manager == "zypper":
         return "sudo zypper install " + " ".join(dict.fromkeys(fedora))
-    return "sudo pacman -S xcb-util-cursor xcb-util-wm xcb-util-keysyms xcb-util-image xcb-util-renderutil libxkbcommon-x11"
+    return ("sudo pacman -S xcb-util-cursor xcb-util-wm xcb-util-keysyms xcb-util-image xcb-util-renderutil "
+            "libxkbcommon-x11")
 
 
 def check(env: dict[str, str] | None = None) -> Missing | None:

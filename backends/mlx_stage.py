@@ -37,8 +37,15 @@ import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
 
-from backends.base import (BackendError, BackendUnavailable, LoraConfig, ModelConfigLike, OptimizerConfig,
-                           StageSpec, to_boundary)
+from backends.base import (
+    BackendError,
+    BackendUnavailable,
+    LoraConfig,
+    ModelConfigLike,
+    OptimizerConfig,
+    StageSpec,
+    to_boundary,
+)
 from backends.lora import adapter_layout, initial_adapters, merge
 from backends.mlx_decoder import LayerKV, StageDims, gather_logprobs, stage_forward
 from backends.optimizer_state import AdamWMoments, pack, unpack

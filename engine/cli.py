@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("engine.swarm.node_cli", "run a node that contributes one pipeline stage"),
     "coordinator": ("engine.swarm.coordinator_cli", "run a coordinator (signalling, tasks, ledger)"),
     "demo": ("engine.swarm.demo", "run the main job on this machine with the embedded defaults"),
-    "import": ("engine.model.importers.command", "make a Polis base from an HF directory, a .gguf file or smollm2-135m"),
+    "import": ("engine.model.importers.command",
+               "make a Polis base from an HF directory, a .gguf file or smollm2-135m"),
     "check-model": ("engine.model.sharded_check", "check sharded generation across backends against transformers"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
 }
@@ -62,11 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"polis {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     bench = sub.add_parser("bench", help="measure speed, memory and accuracy (see `polis bench -h`)")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for name, (module_name, help_text) in BENCHES.items():
+    for name, (_, help_text) in BENCHES.items():
         bench_sub.add_parser(name, help=help_text, add_help=False)
     return parser
 

@@ -14,7 +14,6 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from app.run_state import RunView
 
-
 _FIELDS = (("swarm", "Swarm"), ("peers", "Peers"), ("stage", "Your stage"), ("role", "Role"),
            ("version", "Policy version"), ("staleness", "Staleness"))
 

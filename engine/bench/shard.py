@@ -31,9 +31,9 @@ object as the last line: the checkpoint, the target, and one entry per S under
 from __future__ import annotations
 
 import argparse
-import os
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -144,7 +144,8 @@ def measure(checkpoint_dir: Path, stage_counts: list[int], *, batch: int = 4, se
 
 
 def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray, want: np.ndarray,
-                    truth: np.ndarray, min_time_s: float, unavailable: dict[str, str], memory_backend: str, full: dict) -> dict:
+                    truth: np.ndarray, min_time_s: float, unavailable: dict[str, str], memory_backend: str,
+                    full: dict) -> dict:
     plan = plan_stages(checkpoint.config.num_hidden_layers, num_stages)
     chains = {name: [name] * num_stages for name in registry.names()}
     chains["mixed"] = [("torch", "mlx")[i % 2] for i in range(num_stages)]  # torch, mlx, torch, mlx, ...
@@ -176,7 +177,8 @@ def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray,
     memory = measure_load_memory(checkpoint.path, num_stages, memory_backend, full=full)
     for key in ("full_load_peak_mb", "full_fp32_mb", "memory_backend"):  # reported once, at the top
         memory.pop(key)
-    return {"stages": num_stages, "max_abs_diff": diffs, "max_abs_diff_vs_fp64": diffs_fp64, "forward_tokens_per_s": speeds, "devices": devices,
+    return {"stages": num_stages, "max_abs_diff": diffs, "max_abs_diff_vs_fp64": diffs_fp64,
+            "forward_tokens_per_s": speeds, "devices": devices,
             "skipped": skipped, **memory}
 
 
@@ -242,8 +244,9 @@ def format_table(report: dict) -> str:
                f"{num(run['max_abs_diff_vs_fp64'][k], '.2e')})"
                + (f"  [{run['skipped'][k]}]" if k in run["skipped"] else ""))
               for k, v in run["max_abs_diff"].items()),
-            (f"S={s} load peak, largest stage", f"{run['stage_load_peak_mb']:.1f} MB  (per stage: "
-                                                f"{', '.join(f'{m:.1f}' for m in run['stage_load_peak_mb_per_stage'])})"),
+            (f"S={s} load peak, largest stage",
+             f"{run['stage_load_peak_mb']:.1f} MB  (per stage: "
+             f"{', '.join(f'{m:.1f}' for m in run['stage_load_peak_mb_per_stage'])})"),
             (f"S={s} stage / whole", f"{num(run['stage_to_full_ratio'], '.3f')}  (1/S = {run['ideal_ratio']:.3f}; "
                                      f"largest stage's own fp32 share {num(run['stage_fp32_ratio'], '.3f')})"),
             *((f"S={s} forward tokens/s {k}", f"{num(v, ',.0f')}  (batch x seq = {report['forward_shape'][0]} x "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from engine.envs.contract import EpisodeItem, EpisodeLimits, EpisodeResult, Environment, Message
+from engine.envs.contract import Environment, EpisodeItem, EpisodeLimits, EpisodeResult, Message
 from engine.envs.trajectory import ChatRenderer, Trajectory, TrajectoryBuilder
 
 

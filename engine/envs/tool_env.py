@@ -25,8 +25,15 @@ from __future__ import annotations
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from engine.envs.contract import Environment, EpisodeItem, EpisodeState, Message
-from engine.envs.tools import (CalculatorTool, Tool, ToolCallFormat, cap_text, format_tool_call, parse_tool_calls,
-                               tool_table)
+from engine.envs.tools import (
+    CalculatorTool,
+    Tool,
+    ToolCallFormat,
+    cap_text,
+    format_tool_call,
+    parse_tool_calls,
+    tool_table,
+)
 
 
 class QuestionItem(Protocol):

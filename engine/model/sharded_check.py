@@ -73,7 +73,6 @@ def _choose_checkpoint(requested: Path | None, tmp: Path) -> tuple[Path, str]:
 
 def _demo(checkpoint_dir: Path, origin: str, args: argparse.Namespace) -> int:
     from engine.model.reference import load_reference_model, reference_greedy, reference_logits
-
     from engine.rl.codec import ChatCodec, load_codec
 
     checkpoint = Checkpoint(checkpoint_dir)

@@ -24,8 +24,15 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 from engine.net.errors import LinkClosed, ProtocolViolation
 from engine.net.framing import FrameLimits, Reassembler, frame_count, iter_frames, pack_header
-from engine.net.link_config import (DEFAULT_REMOTE_MAX_MESSAGE_BYTES, IceServer, LinkConfig, LinkStats,
-                                    enlarge_socket_buffers, remote_max_message_bytes, rtc_configuration)
+from engine.net.link_config import (
+    DEFAULT_REMOTE_MAX_MESSAGE_BYTES,
+    IceServer,
+    LinkConfig,
+    LinkStats,
+    enlarge_socket_buffers,
+    remote_max_message_bytes,
+    rtc_configuration,
+)
 from engine.net.wire import WireMessage
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,21 @@ from aiohttp import web
 
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, peer_id_for, verify_signature
-from engine.net.signalling_protocol import (NONCE_HEX_CHARS, PROTOCOL_VERSION, SERVER_INBOUND, SERVER_REGISTRATION,
-                                            Challenge, DeliveredSignal, Error, Registered, SendSignal, b64,
-                                            b64decode_exact, parse_json, registration_bytes)
+from engine.net.signalling_protocol import (
+    NONCE_HEX_CHARS,
+    PROTOCOL_VERSION,
+    SERVER_INBOUND,
+    SERVER_REGISTRATION,
+    Challenge,
+    DeliveredSignal,
+    Error,
+    Registered,
+    SendSignal,
+    b64,
+    b64decode_exact,
+    parse_json,
+    registration_bytes,
+)
 from engine.net.wire import encode_json, to_dict
 
 log = logging.getLogger(__name__)
@@ -253,8 +265,7 @@ async def start_signalling_server(host: str = "127.0.0.1", port: int = 0, *,
 
 # The client and the wire protocol, re-exported so callers need one import.
 from engine.net.signalling_client import SignallingClient, SignallingClientConfig  # noqa: E402
-from engine.net.signalling_protocol import (SESSION_HEX_CHARS, SIGNAL_KINDS, SignalProblem,  # noqa: E402
-                                            SignedSignal, signal_bytes)
+from engine.net.signalling_protocol import SESSION_HEX_CHARS, SIGNAL_KINDS, SignalProblem, SignedSignal, signal_bytes  # noqa: E402
 
 __all__ = ["SignallingServer", "SignallingConfig", "RunningSignallingServer", "start_signalling_server",
            "SignallingClient", "SignallingClientConfig", "SignalProblem", "SignedSignal", "SESSION_HEX_CHARS",

@@ -20,10 +20,24 @@ import aiohttp
 
 from engine.net.errors import AuthenticationError, LinkClosed, ProtocolViolation
 from engine.net.identity import Identity
-from engine.net.signalling_protocol import (CLIENT_INBOUND, SIGNAL_KINDS, Challenge, ClientInbound,
-                                            DeliveredSignal, Error, Register, Registered, SendSignal,
-                                            SignalProblem, SignedSignal, b64, parse_json, registration_bytes,
-                                            signal_bytes, verify_delivered)
+from engine.net.signalling_protocol import (
+    CLIENT_INBOUND,
+    SIGNAL_KINDS,
+    Challenge,
+    ClientInbound,
+    DeliveredSignal,
+    Error,
+    Register,
+    Registered,
+    SendSignal,
+    SignalProblem,
+    SignedSignal,
+    b64,
+    parse_json,
+    registration_bytes,
+    signal_bytes,
+    verify_delivered,
+)
 from engine.net.wire import encode_json
 
 log = logging.getLogger(__name__)

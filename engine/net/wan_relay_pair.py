@@ -26,8 +26,15 @@ import socket
 from dataclasses import asdict
 from typing import Callable
 
-from engine.net.wan_emulator import (Address, DeliveryQueue, DirectionCounters, ImpairmentProfile, PacketShaper,
-                                     rewrite_sdp_candidates, sdp_host_candidates)
+from engine.net.wan_emulator import (
+    Address,
+    DeliveryQueue,
+    DirectionCounters,
+    ImpairmentProfile,
+    PacketShaper,
+    rewrite_sdp_candidates,
+    sdp_host_candidates,
+)
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ samples came from are gone by the time they are trained on.
 The update: ``engine.rl.update.plan_update`` (the planner the swarm uses too) drops stale
 groups, computes the advantages, skips zero-variance groups and splits the rest into
 ``updates_per_batch`` mini-batches of whole groups; each gets one optimiser step here
-(micro-batched rows, token-level normalisation over the mini-batch, per-stage clipping). The proximal log-probs are those of the weights at the start
+(micro-batched rows, token-level normalisation over the mini-batch, per-stage clipping). The
+proximal log-probs are those of the weights at the start
 of the batch (with a single update, the keyed forward itself provides them). Each step
 records a ``StepLog``: reward, masked fraction, ESS of the importance weights, staleness
 histogram, dropped and zero-variance counts, an entropy estimate.

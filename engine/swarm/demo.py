@@ -32,7 +32,6 @@ from typing import Any
 
 from engine.self_command import polis_command
 
-
 #: the demo swarm's shape: ``polis demo`` and the desktop app's local demo (``polis node --demo``) share it.
 DEFAULT_STAGES = 2
 DEFAULT_REPLICAS = 2
@@ -63,7 +62,8 @@ STOP_TIMEOUT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stages", type=int, default=DEFAULT_STAGES, help=f"pipeline stages (default {DEFAULT_STAGES})")
+    parser.add_argument("--stages", type=int, default=DEFAULT_STAGES,
+                        help=f"pipeline stages (default {DEFAULT_STAGES})")
     parser.add_argument("--replicas", type=int, default=None,
                         help=f"nodes per stage (default {DEFAULT_REPLICAS}; {REAL_MODEL_REPLICAS} with --model)")
     parser.add_argument("--model", default=None,

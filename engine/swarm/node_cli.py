@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     swarm = parser.add_mutually_exclusive_group()
     swarm.add_argument("--coordinator", metavar="URL", help="coordinator to join, e.g. http://10.0.0.5:8700")
     swarm.add_argument("--lan", action="store_true", help="find a coordinator on the LAN (host one if none)")
-    swarm.add_argument("--demo", action="store_true", help="run the local demo swarm (the same as `polis demo`) on this machine")
+    swarm.add_argument("--demo", action="store_true",
+                       help="run the local demo swarm (the same as `polis demo`) on this machine")
     parser.add_argument("--lan-port", type=int, default=0, metavar="PORT",
                         help="with --lan: port of the coordinator this node hosts if none answers (default: any free)")
     parser.add_argument("--control", choices=["stdio", "none"], default="none",

@@ -143,7 +143,8 @@ class StageRuntime:
 
     def train_last(self, key: str, x: np.ndarray, targets: np.ndarray, mask: np.ndarray, behaviour: np.ndarray,
                    advantages: np.ndarray, normaliser: float, objective: ObjectiveConfig,
-                   temperature: float, proximal: np.ndarray | None = None) -> tuple[np.ndarray | None, dict[str, float]]:
+                   temperature: float,
+                   proximal: np.ndarray | None = None) -> tuple[np.ndarray | None, dict[str, float]]:
         """Last stage: log-probs, the decoupled objective's gradient, backward. Returns (input grad, stats).
 
         ``proximal``: log-probs under the weights at the start of the batch (recorded by a

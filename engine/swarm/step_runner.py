@@ -17,7 +17,8 @@
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
-failed once: then they are quarantined (never trained, kept for inspection). Versions only ever go up. What it does not know: websockets, how
+failed once: then they are quarantined (never trained, kept for inspection). Versions only ever
+go up. What it does not know: websockets, how
 rollouts are generated or scored.
 """
 
@@ -60,7 +61,8 @@ class StepRunner:
         self.step_log: list[dict[str, Any]] = []
         self.update_bytes = 0
         self.dense_update_bytes = 0
-        self.checkpoints: dict[int, str] = {int(k): v for k, v in (store.get_meta("stage_checkpoints", {}) or {}).items()}
+        saved = store.get_meta("stage_checkpoints", {}) or {}
+        self.checkpoints: dict[int, str] = {int(k): v for k, v in saved.items()}
         self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
         self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
@@ -246,7 +248,7 @@ class StepRunner:
         """Replicas of a stage must hold equal weights; resync any that drifted."""
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
-            for peer, m in seen:
+            for _, m in seen:
                 if m.checkpoint_path:
                     self.checkpoints[stage] = m.checkpoint_path
                     self.store.set_meta("stage_checkpoints", self.checkpoints)

@@ -116,7 +116,8 @@ class Store:
         return default if row is None else json.loads(row[0])
 
     def set_meta(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                          (key, json.dumps(value)))
 
     # -- peers and ledger ------------------------------------------------------

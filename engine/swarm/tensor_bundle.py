@@ -86,7 +86,7 @@ def checksum(arrays: Mapping[str, np.ndarray]) -> float:
     same order in float64); it is a drift detector, not a cryptographic hash.
     """
     total = 0.0
-    for name, a in sorted(arrays.items()):
+    for _, a in sorted(arrays.items()):
         flat = np.asarray(a).ravel()
         total += float(flat[:: max(1, flat.size // 97)].astype(np.float64).sum())
     return total

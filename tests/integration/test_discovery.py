@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from engine.net.discovery import (LOOPBACK_ONLY, DiscoveryConfig, LanAdvertiser, ServiceAdvert, browse,
-                                  find_coordinator)
+from engine.net.discovery import LOOPBACK_ONLY, DiscoveryConfig, LanAdvertiser, ServiceAdvert, browse, find_coordinator
 from engine.net.errors import ProtocolViolation
 
 pytestmark = pytest.mark.network
@@ -102,7 +101,8 @@ def test_nothing_found_returns_empty_after_the_timeout():
 def test_advert_fields_are_validated():
     for role, peer, url, ver in (("boss", "ab" * 8, "ws://h:1/", "1"), ("node", "XYZ", "ws://h:1/", "1"),
                                  ("node", "ab" * 8, "ftp://h/", "1"), ("node", "ab" * 8, "ws://h:99999/", "1"),
-                                 ("node", "ab" * 8, "ws://h:1/", "1 2"), ("node", "ab" * 8, "ws://h/" + "a" * 300, "1")):
+                                 ("node", "ab" * 8, "ws://h:1/", "1 2"),
+                                 ("node", "ab" * 8, "ws://h/" + "a" * 300, "1")):
         with pytest.raises(ProtocolViolation):
             ServiceAdvert(role, peer, url, ver)
     with pytest.raises(ProtocolViolation, match="lacks"):

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from engine.net.measure import (framed_throughput_in_process, raw_channel_throughput, transport_summary)
+from engine.net.measure import framed_throughput_in_process, raw_channel_throughput, transport_summary
 
 pytestmark = pytest.mark.network
 

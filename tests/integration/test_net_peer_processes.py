@@ -10,9 +10,9 @@ import pytest
 
 from engine.net.errors import LinkClosed
 from engine.net.identity import Identity
-from tests.support.loopback_peer import PeerProcess, make_tensor
 from engine.net.peer_manager import PeerManager
 from engine.net.signalling import SignallingClient, SignallingServer, start_signalling_server
+from tests.support.loopback_peer import PeerProcess, make_tensor
 
 pytestmark = pytest.mark.network
 

@@ -11,8 +11,15 @@ import pytest
 from engine.net.errors import AuthenticationError, LinkClosed
 from engine.net.identity import Identity
 from engine.net.peer_manager import PeerManager
-from engine.net.signalling import (SignallingClient, SignallingClientConfig, SignallingConfig, SignallingServer,
-                                   registration_bytes, signal_bytes, start_signalling_server)
+from engine.net.signalling import (
+    SignallingClient,
+    SignallingClientConfig,
+    SignallingConfig,
+    SignallingServer,
+    registration_bytes,
+    signal_bytes,
+    start_signalling_server,
+)
 
 pytestmark = pytest.mark.network
 

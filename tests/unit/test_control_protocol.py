@@ -2,8 +2,14 @@ import json
 
 import pytest
 
-from engine.control_protocol import (ProtocolError, encode_command, encode_event, parse_command,
-                                     parse_event, validate_limits)
+from engine.control_protocol import (
+    ProtocolError,
+    encode_command,
+    encode_event,
+    parse_command,
+    parse_event,
+    validate_limits,
+)
 
 
 def test_commands_round_trip_with_validated_limits():

@@ -6,8 +6,16 @@ import itertools
 
 import pytest
 
-from engine.envs.contract import (CutKind, Environment, EpisodeItem, EpisodeLimits, EpisodeState, Message,
-                                  TaskEnvironment, run_episode)
+from engine.envs.contract import (
+    CutKind,
+    Environment,
+    EpisodeItem,
+    EpisodeLimits,
+    EpisodeState,
+    Message,
+    TaskEnvironment,
+    run_episode,
+)
 from engine.rl.tasks import RewardKind, TaskConfig, make_task
 
 

@@ -8,8 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from engine.net import discovery
-from engine.net.discovery import (LOOPBACK_ONLY, SERVICE_TYPE, DiscoveredService, DiscoveryConfig, ServiceAdvert,
-                                  reachable_address)
+from engine.net.discovery import (
+    LOOPBACK_ONLY,
+    SERVICE_TYPE,
+    DiscoveredService,
+    DiscoveryConfig,
+    ServiceAdvert,
+    reachable_address,
+)
 from engine.swarm import local_swarm
 
 

@@ -128,7 +128,8 @@ def test_a_qwen2_directory_imports_with_identical_logits(tmp_path):
     pytest.importorskip("transformers")
     source = _tiny_source(tmp_path, "qwen2")
     result = import_model(source, tmp_path / "out")
-    assert result.model_type == "qwen2" and result.runs_in_polis and not Checkpoint(tmp_path / "out").config.tie_word_embeddings
+    assert result.model_type == "qwen2" and result.runs_in_polis
+    assert not Checkpoint(tmp_path / "out").config.tie_word_embeddings
     tokens = [[1, 5, 70, 200, 3, 9]]
     np.testing.assert_array_equal(_logits(tmp_path / "out", tokens), _logits(source, tokens))
 
@@ -136,7 +137,8 @@ def test_a_qwen2_directory_imports_with_identical_logits(tmp_path):
 def test_a_qwen3_directory_imports_for_transformers_and_says_polis_cannot_run_it_yet(tmp_path):
     source = _tiny_source(tmp_path, "llama")
     config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    qwen3 = {**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    (source / "config.json").write_text(json.dumps(qwen3))
     result = import_model(source, tmp_path / "out")
     assert result.model_type == "qwen3" and not result.runs_in_polis and result.num_parameters is None
     assert any("qwen3" in note and "polis node" in note for note in result.notes)

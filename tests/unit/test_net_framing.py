@@ -8,9 +8,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.net.errors import ProtocolViolation
+from engine.net.framing import (
+    FIRST,
+    MAGIC,
+    PREFIX,
+    VERSION,
+    FrameLimits,
+    Reassembler,
+    frame_count,
+    iter_frames,
+    pack_header,
+    unpack_header,
+)
 from tests.support.frame_fuzz import BAD_HEADERS, HOSTILE_KINDS, hostile_frame, mutate, valid_frames
-from engine.net.framing import (FIRST, MAGIC, PREFIX, VERSION, FrameLimits, Reassembler, frame_count,
-                                iter_frames, pack_header, unpack_header)
 
 SMALL = FrameLimits(max_frame_bytes=4096, max_payload_bytes=1 << 20, max_partial_messages=3,
                     max_buffered_bytes=256 * 1024)
@@ -34,10 +44,12 @@ def test_messages_round_trip_exactly_at_frame_boundaries(size):
     assert header == {"type": "blob", "n": size} and got == payload
 
 
+_HEADER_VALUES = st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=20), st.binary(max_size=20),
+                           st.floats(allow_nan=False), st.lists(st.integers(-2**63, 2**63 - 1), max_size=5))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(header=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=20),
-                                                             st.binary(max_size=20), st.floats(allow_nan=False),
-                                                             st.lists(st.integers(-2**63, 2**63 - 1), max_size=5)), max_size=6),
+@given(header=st.dictionaries(st.text(max_size=8), _HEADER_VALUES, max_size=6),
        payload=st.binary(max_size=8_000), frame_bytes=st.integers(200, 5000))
 def test_any_header_and_payload_survive_framing(header, payload, frame_bytes):
     header = {**header, "type": "t"}

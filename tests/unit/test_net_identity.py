@@ -13,8 +13,15 @@ import keyring.errors
 import pytest
 
 from engine.net.errors import AuthenticationError
-from engine.net.identity import (Identity, IdentityStoreConfig, KEY_FILE_NAME, fingerprint_for,
-                                 load_or_create_identity, peer_id_for, verify_signature)
+from engine.net.identity import (
+    KEY_FILE_NAME,
+    Identity,
+    IdentityStoreConfig,
+    fingerprint_for,
+    load_or_create_identity,
+    peer_id_for,
+    verify_signature,
+)
 
 
 class MemoryKeyring(keyring.backend.KeyringBackend):

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from aiohttp import web
 
 from backends.base import StageSpec
-from engine.swarm.node_context import HeldStage, NodeContext
 from engine.control_protocol import encode_event, parse_event
+from engine.swarm.node_context import HeldStage, NodeContext
 from engine.swarm.node_status import MAX_SAMPLES, NodeStatus
 
 STATS = {"version": 7, "evals": [{"version": 5, "accuracy": 0.5}], "versions": [{"version": 7, "reward": None}],

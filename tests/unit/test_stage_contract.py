@@ -18,12 +18,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from backends.base import BackendError, OptimizerConfig, StageBackend  # noqa: E402
-from engine.model.checkpoint import Checkpoint  # noqa: E402
 from backends.stage_layout import EMBED  # noqa: E402
+from engine.model.checkpoint import Checkpoint  # noqa: E402
 from engine.model.sharded_decode import pipeline_forward  # noqa: E402
 from engine.rl.pipeline import LocalPipeline  # noqa: E402
-from tests.support.stage_variants import (BACKENDS, assert_grads_close, load_pipeline, skip_reason,  # noqa: E402
-                                          summed_grads)
+from tests.support.stage_variants import BACKENDS, assert_grads_close, load_pipeline, skip_reason, summed_grads  # noqa: E402
 from tests.support.tiny_tied_llama import write_tiny_tied_llama  # noqa: E402
 
 LOGITS_ATOL = 1e-5

@@ -15,8 +15,8 @@ import pytest
 from engine.rl.codec import CodecError
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
-from engine.rl.tasks import TaskConfig
 from engine.rl.rollout import SamplingConfig
+from engine.rl.tasks import TaskConfig
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler

@@ -73,4 +73,5 @@ def test_configs_with_options_stay_hashable_so_they_can_be_dataclass_defaults():
     a = TaskConfig(name="mixture", mixture=[{"dataset": "chain_sum", "options": {"max_terms": 3, "min_terms": 2}}])
     b = TaskConfig(name="mixture", mixture=[{"dataset": "chain_sum", "options": {"min_terms": 2, "max_terms": 3}}])
     assert a == b and hash(a) == hash(b)
-    assert hash(TaskConfig(name="reasoning_gym:chain_sum", options=CHAIN)) != hash(TaskConfig(name="reasoning_gym:chain_sum"))
+    with_options = TaskConfig(name="reasoning_gym:chain_sum", options=CHAIN)
+    assert hash(with_options) != hash(TaskConfig(name="reasoning_gym:chain_sum"))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.envs.tools import (CalculatorTool, ToolCallFormat, cap_text, format_tool_call, parse_tool_calls,
-                               tool_table)
+from engine.envs.tools import CalculatorTool, ToolCallFormat, cap_text, format_tool_call, parse_tool_calls, tool_table
 
 
 def test_a_formatted_call_parses_back():

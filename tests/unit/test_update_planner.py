@@ -25,9 +25,9 @@ from engine.rl.trainer import Trainer, TrainerConfig
 from engine.rl.update import UpdateRules, clip_scale, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
-from engine.swarm.run_task import DigitRunTask
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.run_task import DigitRunTask
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 

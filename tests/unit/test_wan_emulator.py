@@ -7,8 +7,14 @@ import time
 
 import pytest
 
-from engine.net.wan_emulator import (DirectionCounters, ImpairmentProfile, PacketShaper, UdpImpairmentRelay,
-                                     rewrite_sdp_candidates, sdp_host_candidates)
+from engine.net.wan_emulator import (
+    DirectionCounters,
+    ImpairmentProfile,
+    PacketShaper,
+    UdpImpairmentRelay,
+    rewrite_sdp_candidates,
+    sdp_host_candidates,
+)
 
 
 def _shaper(seed=0, **profile):
@@ -88,7 +94,7 @@ def test_sdp_rewrite_points_host_candidates_at_the_relay_and_drops_every_other_p
     assert sdp_host_candidates(_SDP) == [("192.0.2.2", 40001)]
     out = rewrite_sdp_candidates(_SDP, {("192.0.2.2", 40001): ("127.0.0.1", 5555)})
     lines = out.split("\r\n")
-    assert [l for l in lines if l.startswith("a=candidate")] == [
+    assert [line for line in lines if line.startswith("a=candidate")] == [
         "a=candidate:1 1 udp 2130706431 127.0.0.1 5555 typ host"]
     assert "c=IN IP4 127.0.0.1" in lines
     assert "m=application 5555 UDP/DTLS/SCTP webrtc-datachannel" in lines
@@ -127,7 +133,7 @@ def test_packets_cross_the_relay_with_the_configured_delay_and_see_only_stand_in
         async with UdpImpairmentRelay(ImpairmentProfile(delay_ms=40), ImpairmentProfile(delay_ms=10)) as relay:
             a_standin = await relay.add_endpoint(a_addr, "a")
             b_standin = await relay.add_endpoint(b_addr, "b")
-            for i in range(20):
+            for _ in range(20):
                 a_tr.sendto(struct.pack("!d", time.monotonic()), b_standin)
                 await asyncio.sleep(0.005)
             await _wait_for(lambda: len(b_sink.packets) == 20, 5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.net.errors import WireFormatError
-from engine.net.shadow_delta import OutOfSequence, WeightDelta
+from engine.net.shadow_delta import OutOfSequence
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
 from engine.swarm.stream_book import StreamBook

@@ -22,9 +22,17 @@ from pathlib import Path
 
 from engine.model.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from engine.model.errors import CheckpointError
-from engine.model.importers.output import (CHAT_TEMPLATE_FILE, GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE,
-                                           TOKENIZER_FILE, ImportResult, check_out_dir, finish, read_json,
-                                           staging_dir)
+from engine.model.importers.output import (
+    CHAT_TEMPLATE_FILE,
+    GENERATION_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    ImportResult,
+    check_out_dir,
+    finish,
+    read_json,
+    staging_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +75,10 @@ def import_hf_dir(source: str | Path, out_dir: str | Path, *, overwrite: bool = 
         raise CheckpointError(out_dir, "is the source directory itself; choose another --out")
     config = read_json(source / CONFIG_FILE)
     if not (source / TOKENIZER_FILE).is_file():
-        hint = (" (only a sentencepiece tokenizer.model is there: load the directory once with transformers' "
-                "AutoTokenizer and save_pretrained it to write tokenizer.json)") if (source / "tokenizer.model").exists() else ""
+        hint = ""
+        if (source / "tokenizer.model").exists():
+            hint = (" (only a sentencepiece tokenizer.model is there: load the directory once with transformers' "
+                    "AutoTokenizer and save_pretrained it to write tokenizer.json)")
         raise CheckpointError(source / TOKENIZER_FILE, f"not found{hint}")
     files = [CONFIG_FILE, TOKENIZER_FILE, *weight_files(source)]
     if (source / INDEX_FILE).exists():

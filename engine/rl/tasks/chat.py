@@ -5,7 +5,8 @@ character-level digit tasks. It yields ``TaskItem``s: a ``ChatPrompt`` (system t
 worked example turn, the question as the user turn) plus the gold answer and the dataset's own
 entry. Whoever holds the model renders ``prompt.as_dicts()`` through the model's chat template
 (``engine.rl.codec``) and decodes the completion to text; the task scores that text with
-``ChatTask.score`` (or the sampled ids with ``ChatTask.score_tokens``) into a ``Score``: the strict score (answer in tags), the content-only score
+``ChatTask.score`` (or the sampled ids with ``ChatTask.score_tokens``) into a ``Score``: the strict
+score (answer in tags), the content-only score
 (the answer the text states, tags ignored), and the training reward as named parts
 (``answer`` + a small ``format`` part). ``summarise`` turns scores into the figures an eval reports.
 

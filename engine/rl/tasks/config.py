@@ -141,7 +141,8 @@ class TaskConfig:
 
     def __hash__(self) -> int:  # options is a dict: hash its canonical JSON (configs are used as defaults)
         return hash((self.name, self.min_digits, self.max_digits, self.reward, self.eval_size,
-                     _canonical(self.options), tuple(self.mixture), self.system_prompt, self.example, self.format_weight))
+                     _canonical(self.options), tuple(self.mixture), self.system_prompt, self.example,
+                     self.format_weight))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reward", RewardKind(self.reward))
