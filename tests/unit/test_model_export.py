@@ -117,3 +117,10 @@ def test_an_existing_output_folder_is_kept_unless_forced(tmp_path):
     assert (tmp_path / "out" / "keep.txt").exists()
     export_version(run.run_dir, tmp_path / "out", overwrite=True)
     assert not (tmp_path / "out" / "keep.txt").exists()
+
+
+def test_adapter_export_of_a_full_fine_tuning_run_is_refused(tmp_path):
+    run = make_run(tmp_path / "run", base_checkpoint_dir(), num_stages=2, steps=1)
+    run.close()
+    with pytest.raises(CheckpointError, match="without --adapter"):
+        export_version(run.run_dir, tmp_path / "a", adapter=True)

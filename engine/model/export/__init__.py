@@ -4,6 +4,7 @@
 * ``stage_files`` — each stage's checkpoint of one version, verified by its content hash;
 * ``hf_export`` — sharded safetensors (one shard per stage), index, config, tokenizer;
 * ``peft_adapter`` — a LoRA run's adapters in PEFT's format;
+* ``gguf_export`` — the merged model as one GGUF file (Llama, f32/f16, tokenizer in metadata);
 * ``model_card`` — ``README.md`` with HF front matter, generated from the database and evals;
 * ``command`` — the CLI.
 

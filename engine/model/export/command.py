@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the base checkpoint the run was cut from (default: as the stage checkpoints record)")
     parser.add_argument("--adapter", action="store_true",
                         help="LoRA runs: write the adapters in PEFT's format instead of merged weights")
+    parser.add_argument("--gguf", choices=("f32", "f16"), default=None,
+                        help="also write the merged model as one GGUF file (Llama, byte-level BPE) for llama.cpp")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after eval in the model card")
     parser.add_argument("--eval-n", type=int, default=None, help="held-out items to evaluate (default: all)")
     parser.add_argument("--license", default="other", help="license field of the model card (the base's terms apply)")
@@ -55,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
             after = [evaluate_checkpoint(result.out_dir, task, n=args.eval_n, max_new_tokens=budget,
                                          backend=args.backend)]
         manifest = read_json(result.out_dir / MANIFEST_FILE)
+        gguf_path = None
+        if args.gguf:
+            if result.adapter_only:
+                raise ValueError("--gguf writes merged weights; drop --adapter (or export twice)")
+            from engine.model.export.gguf_export import write_gguf
+
+            gguf_path = write_gguf(result.out_dir, result.out_dir / f"{manifest['name']}.{args.gguf}.gguf", args.gguf)
         card = render_card(record, result, base_name=manifest["base_name"], before=before, after=after,
                            license_name=args.license)
         (result.out_dir / "README.md").write_text(card, encoding="utf-8")
@@ -62,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"polis export: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**stage_json(result), "evals_before": [r.to_dict() for r in before],
+        gguf_text = str(gguf_path) if gguf_path else None
+        print(json.dumps({**stage_json(result), "gguf": gguf_text, "evals_before": [r.to_dict() for r in before],
                           "evals_after": [r.to_dict() for r in after]}, indent=2))
         return 0
     out = Path(result.out_dir)
@@ -71,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         content = f", content {100 * b.content:.1f} % -> {100 * a.content:.1f} %" if a.content is not None else ""
         print(f"  {a.task}: strict {100 * b.strict:.1f} % -> {100 * a.strict:.1f} %{content} "
               f"({a.items} held-out items)")
+    if gguf_path:
+        print(f"  GGUF ({args.gguf}) for llama.cpp / Ollama: {gguf_path}")
     print("Load it with transformers' AutoModelForCausalLM.from_pretrained(...); the model card is README.md; "
           f"publish it yourself with `huggingface-cli upload YOUR_NAME/MODEL {out}`.")
     return 0

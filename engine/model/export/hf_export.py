@@ -71,6 +71,7 @@ class ExportResult:
     base_dir: Path
     shards: tuple[str, ...]  #: shard file names, stage order (empty for an adapter export)
     stage_sha256: tuple[str, ...]  #: the verified content hash of each stage's checkpoint
+    stage_files: tuple[str, ...]  #: the checkpoint file each stage's weights came from
     tied: bool  #: one embedding matrix serves as the head
     tied_max_abs_diff: float | None  #: how far the stages' two copies were apart (None: not tied across stages)
     lora: dict[str, Any] | None  #: the run's adapter settings (None: full fine-tuning)
@@ -124,6 +125,7 @@ def export_version(run_dir: str | Path, out_dir: str | Path, *, version: int | N
     log.info("exported version %d of run %s to %s", version, record.run_id, out_dir)
     return ExportResult(out_dir=out_dir, version=version, run_id=record.run_id, base_dir=base.path, shards=shards,
                         stage_sha256=tuple(f.sha256 or "" for f, _ in stages),
+                        stage_files=tuple(str(f.path) for f, _ in stages),
                         tied=bool(base.config.tie_word_embeddings), tied_max_abs_diff=tied_diff, lora=lora,
                         adapter_only=adapter, num_parameters=int(base.config.num_parameters), files=tuple(files))
 
@@ -240,6 +242,7 @@ def stage_json(result: ExportResult) -> dict[str, Any]:
     """The export's summary for ``--json`` and logs."""
     return {"out_dir": str(result.out_dir), "version": result.version, "run_id": result.run_id,
             "base": str(result.base_dir), "shards": list(result.shards), "stage_sha256": list(result.stage_sha256),
+            "stage_files": list(result.stage_files),
             "tied": result.tied, "tied_max_abs_diff": result.tied_max_abs_diff, "lora": result.lora,
             "adapter_only": result.adapter_only, "num_parameters": result.num_parameters,
             "files": list(result.files)}
