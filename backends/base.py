@@ -32,12 +32,28 @@ Conventions every backend follows:
 * ``forward`` with ``key`` (training) keeps what ``backward(key, ...)`` needs; a
   key is consumed by its backward (or released by ``release``). Several keys may be
   in flight at once (pipelined micro-batches).
+* **Trainable tensors.** ``state_dict``, ``apply_delta``, ``set_weights``, ``grads``,
+  ``set_grads`` and the optimiser state speak of the stage's *trainable* tensors:
+  every parameter under full fine-tuning, only the LoRA adapters when
+  ``OptimizerConfig.lora`` is enabled (so replicas sync and stream adapters only).
+  ``merged_state_dict`` is always the plain HF parameters with adapters folded in.
+* **Tied embeddings across stages.** With ``tie_word_embeddings`` and more than one
+  stage, stage 0 (embedding) and the last stage (head) each hold a copy of
+  ``model.embed_tokens.weight`` and list it in ``tied_names``. Each copy's gradient
+  is only its own use; whoever drives the stages keeps the copies identical the way
+  Megatron does: once per optimiser step, after the last backward (and after replica
+  aggregation), read ``grads(tied_names)`` on both stages, ``set_grads`` the *sum* on
+  both, count that tensor once in the global gradient norm, then ``step`` both with
+  the same ``grad_scale``. Identical weights, moments and gradients give identical
+  updates (bit-identical on one backend; to fp32 rounding between torch and MLX).
+  A single stage holding the whole model has nothing shared (autograd sums both uses).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -92,9 +108,58 @@ class StageSpec:
         return f"layers {self.layer_start + 1}-{self.layer_end} of {total_layers}"
 
 
+#: the linear layers of a decoder layer LoRA may adapt (``self_attn.*`` and ``mlp.*``)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on frozen base weights: ``y = W x + (alpha / rank) * B A x``.
+
+    With ``enabled`` every targeted ``nn.Linear``-like weight ``W [out, in]`` of the
+    stage's decoder layers gets ``A [rank, in]`` (uniform in ``+-1/sqrt(in)``, the
+    kaiming-uniform bound PEFT uses) and ``B [out, rank]`` (zeros, so an untrained
+    adapter computes the base model exactly). The base weights stay frozen: no
+    gradients and no optimiser state for them. Dropout is always 0 (the log-probs a
+    trainer recomputes must equal those the sampler saw).
+
+    Adapter tensors are named after the weight they adapt, as PEFT saves them:
+    ``model.layers.3.self_attn.q_proj.lora_A.weight`` / ``...lora_B.weight``. With
+    LoRA on, a stage's ``state_dict``/``grads``/deltas/optimiser state hold only these.
+    """
+
+    enabled: bool = False  #: False: full fine-tuning (every parameter trains), the other fields unused
+    rank: int = 16  #: r, the inner dimension of ``B A``
+    alpha: float = 32.0  #: the update is scaled by ``alpha / rank``
+    #: which linear layers of every decoder layer get an adapter (names from ``LORA_TARGETS``)
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    #: seed of ``A``'s initialisation; with the tensor's name it fixes ``A`` on every backend
+    #: and machine, so all replicas of a stage start from the same adapter
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, str) or not isinstance(self.target_modules, tuple):
+            raise ValueError(f"target_modules must be a tuple of names, got {self.target_modules!r}")
+        if not self.enabled:
+            return
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 1 <= self.rank <= 4096:
+            raise ValueError(f"LoRA rank must be an integer in [1, 4096], got {self.rank!r}")
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"LoRA alpha must be a positive finite number, got {self.alpha!r}")
+        unknown = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        if unknown or not self.target_modules or len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"LoRA target_modules must be distinct names from {', '.join(LORA_TARGETS)}; "
+                             f"got {list(self.target_modules)}")
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / rank``, the factor on ``B A x``."""
+        return float(self.alpha) / self.rank
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW settings applied by every backend identically."""
+    """AdamW settings applied by every backend identically, and what the optimiser trains."""
 
     lr: float = 1e-3  #: learning rate
     beta1: float = 0.9
@@ -104,6 +169,9 @@ class OptimizerConfig:
     #: False: the stage only serves (inference replicas): no optimiser state is allocated
     #: and ``step`` raises BackendError
     trainable: bool = True
+    #: LoRA adapters (trained, frozen base) or, when not enabled, full fine-tuning. An
+    #: inference-only stage of a LoRA run sets it too: it holds the adapters it serves.
+    lora: LoraConfig = LoraConfig()
 
 
 def to_boundary(array: np.ndarray, *, tokens: bool = False) -> np.ndarray:
@@ -118,6 +186,10 @@ class StageBackend(Protocol):
 
     #: registry name, e.g. ``"torch"`` or ``"mlx"``
     name: str
+    #: trainable parameter names another stage of the same model also holds (the tied
+    #: embedding on the first and the last stage); ``()`` when nothing is shared, with
+    #: one stage, or under LoRA (the embedding is frozen)
+    tied_names: tuple[str, ...]
     #: device in words, e.g. ``"cuda:0 (NVIDIA RTX 4090, 24.0 GiB)"`` or ``"cpu"``
     device: str
     spec: StageSpec
@@ -128,7 +200,11 @@ class StageBackend(Protocol):
         """Build the stage from HF-named fp32/bf16 numpy tensors (only this stage's names)."""
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """This stage's parameters as fp32 numpy arrays, HF names."""
+        """This stage's trainable tensors as fp32 numpy arrays (HF names; adapters only under LoRA)."""
+
+    def merged_state_dict(self) -> dict[str, np.ndarray]:
+        """The stage's plain HF parameters, fp32, with any LoRA update ``(alpha/r) B A`` added
+        to the weight it adapts (for export; equal to ``state_dict`` without LoRA)."""
 
     def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
         """Add ``delta`` (a subset of parameter names, fp32) to the parameters in place."""
@@ -170,8 +246,9 @@ class StageBackend(Protocol):
     def release(self, key: str) -> None:
         """Forget a training key without backpropagating (e.g. a dead micro-batch)."""
 
-    def grads(self) -> dict[str, np.ndarray]:
-        """Accumulated parameter gradients, fp32, HF names (zeros if none yet)."""
+    def grads(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Accumulated gradients of the trainable tensors (all, or only ``names``), fp32, HF
+        names (zeros if none yet). Unknown names raise ``BackendError``."""
 
     def set_grads(self, grads: Mapping[str, np.ndarray]) -> None:
         """Replace accumulated gradients (after replica aggregation)."""

@@ -10,7 +10,9 @@ The stage computes, matching ``transformers``' Llama/Qwen2 in fp32:
 token embedding (first stage) -> for each layer: RMSNorm, grouped-query attention
 with rotary position embeddings (HF ``rotate_half`` convention,
 ``traditional=False``), optional q/k/v (and o) biases, residual; RMSNorm, SwiGLU
-MLP, residual -> final RMSNorm and LM head (last stage).
+MLP, residual -> final RMSNorm and LM head (last stage). A linear weight with a LoRA
+adapter in the dict (``<module>.lora_A.weight`` / ``.lora_B.weight``, see
+``backends.lora``) computes ``W x + lora_scaling * B (A x)``, the order PEFT uses.
 
 What it does not know: where parameters come from, KV-cache bookkeeping across
 calls (it takes the past keys/values and returns the new ones), gradients
@@ -49,9 +51,10 @@ class StageDims:
     o_bias: bool
     mlp_bias: bool
     head_name: str | None  #: parameter used as the LM head on the last stage
+    lora_scaling: float = 0.0  #: ``alpha / rank`` for the adapters in the parameter dict (unused without)
 
     @classmethod
-    def from_layout(cls, layout: StageLayout, config: ModelConfigLike) -> "StageDims":
+    def from_layout(cls, layout: StageLayout, config: ModelConfigLike, lora_scaling: float = 0.0) -> "StageDims":
         spec = layout.spec
         return cls(hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
                    num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
@@ -59,14 +62,16 @@ class StageDims:
                    layers=tuple(range(spec.layer_start, spec.layer_end)),
                    is_first=spec.is_first, is_last=spec.is_last,
                    qkv_bias=layout.biases.qkv, o_bias=layout.biases.o, mlp_bias=layout.biases.mlp,
-                   head_name=layout.head_name)
+                   head_name=layout.head_name, lora_scaling=float(lora_scaling))
 
 
-def _linear(x: mx.array, params: dict[str, mx.array], name: str, bias: bool) -> mx.array:
+def _linear(x: mx.array, params: dict[str, mx.array], name: str, bias: bool, dims: StageDims) -> mx.array:
     weight = params[name + ".weight"]
-    if bias:
-        return mx.addmm(params[name + ".bias"], x, weight.T)
-    return x @ weight.T
+    y = mx.addmm(params[name + ".bias"], x, weight.T) if bias else x @ weight.T
+    lora_a = params.get(name + ".lora_A.weight")
+    if lora_a is not None:
+        y = y + ((x @ lora_a.T) @ params[name + ".lora_B.weight"].T) * dims.lora_scaling
+    return y
 
 
 def rope_periods(head_dim: int, theta: float) -> mx.array:
@@ -95,9 +100,9 @@ def _attention(params: dict[str, mx.array], prefix: str, x: mx.array, dims: Stag
                offset: int, past: LayerKV | None, periods: mx.array) -> tuple[mx.array, LayerKV]:
     batch, length, _ = x.shape
     p = prefix + "self_attn."
-    q = _linear(x, params, p + "q_proj", dims.qkv_bias)
-    k = _linear(x, params, p + "k_proj", dims.qkv_bias)
-    v = _linear(x, params, p + "v_proj", dims.qkv_bias)
+    q = _linear(x, params, p + "q_proj", dims.qkv_bias, dims)
+    k = _linear(x, params, p + "k_proj", dims.qkv_bias, dims)
+    v = _linear(x, params, p + "v_proj", dims.qkv_bias, dims)
     q = q.reshape(batch, length, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3)
     k = k.reshape(batch, length, dims.num_kv_heads, dims.head_dim).transpose(0, 2, 1, 3)
     v = v.reshape(batch, length, dims.num_kv_heads, dims.head_dim).transpose(0, 2, 1, 3)
@@ -109,14 +114,14 @@ def _attention(params: dict[str, mx.array], prefix: str, x: mx.array, dims: Stag
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=dims.head_dim ** -0.5,
                                                mask=_causal_mask(length))
     out = out.transpose(0, 2, 1, 3).reshape(batch, length, dims.num_heads * dims.head_dim)
-    return _linear(out, params, p + "o_proj", dims.o_bias), (k, v)
+    return _linear(out, params, p + "o_proj", dims.o_bias, dims), (k, v)
 
 
 def _mlp(params: dict[str, mx.array], prefix: str, x: mx.array, dims: StageDims) -> mx.array:
     p = prefix + "mlp."
-    gate = _linear(x, params, p + "gate_proj", dims.mlp_bias)
-    up = _linear(x, params, p + "up_proj", dims.mlp_bias)
-    return _linear(gate * mx.sigmoid(gate) * up, params, p + "down_proj", dims.mlp_bias)
+    gate = _linear(x, params, p + "gate_proj", dims.mlp_bias, dims)
+    up = _linear(x, params, p + "up_proj", dims.mlp_bias, dims)
+    return _linear(gate * mx.sigmoid(gate) * up, params, p + "down_proj", dims.mlp_bias, dims)
 
 
 def stage_forward(params: dict[str, mx.array], inputs: mx.array, dims: StageDims, *,

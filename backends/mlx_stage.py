@@ -10,6 +10,10 @@ state must give all parameters the same step. MLX builds no stored autograd grap
 so a keyed forward keeps its inputs and a reference to the parameter arrays it
 used; ``backward`` recomputes the stage under ``mx.vjp`` against exactly those arrays.
 
+LoRA (``OptimizerConfig.lora``): the base parameters are kept apart, frozen (no
+gradients, no optimiser state); the trainable parameters the protocol speaks of are
+the adapters (``backends.lora``), which ``backends.mlx_decoder`` adds to their weights.
+
 Threading: the backend runs on the MLX stream of the thread that constructs it
 and refuses calls from any other thread (MLX streams belong to their thread).
 Everything is evaluated (``mx.eval``) before a method returns, so all work
@@ -27,14 +31,15 @@ import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
 
-from backends.base import (BackendError, BackendUnavailable, ModelConfigLike, OptimizerConfig,
+from backends.base import (BackendError, BackendUnavailable, LoraConfig, ModelConfigLike, OptimizerConfig,
                            StageSpec, to_boundary)
+from backends.lora import adapter_layout, initial_adapters, merge
 from backends.mlx_decoder import LayerKV, StageDims, gather_logprobs, stage_forward
 from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.stage_layout import StageLayout, check_shapes, plan_stage
@@ -113,9 +118,13 @@ class MLXStage:
 
     def _reset(self) -> None:
         self._layout: StageLayout | None = None
+        self._trainable: StageLayout | None = None  # names and shapes of _params
         self._dims: StageDims | None = None
         self._vocab_size = 0
-        self._params: dict[str, mx.array] = {}
+        self._lora = LoraConfig()
+        self.tied_names: tuple[str, ...] = ()
+        self._params: dict[str, mx.array] = {}  # the trainable tensors: all, or the LoRA adapters
+        self._frozen: dict[str, mx.array] = {}  # the base parameters under LoRA (else empty)
         self._grads: dict[str, mx.array] = {}
         self._caches: dict[str, _KVCache] = {}
         self._pending: dict[str, _Pending] = {}
@@ -164,12 +173,19 @@ class MLXStage:
                 mx.eval(params[name])
                 del array
             self._reset()
-            self.spec = spec
-            self._layout = layout
-            self._dims = StageDims.from_layout(layout, config)
-            self._vocab_size = config.vocab_size
-            self._params = params
             opt = optimizer or OptimizerConfig()
+            self.spec = spec
+            self._layout, self._lora = layout, opt.lora
+            self._trainable = adapter_layout(layout, opt.lora) if opt.lora.enabled else layout
+            self.tied_names = self._trainable.tied_names
+            self._dims = StageDims.from_layout(layout, config, opt.lora.scaling if opt.lora.enabled else 0.0)
+            self._vocab_size = config.vocab_size
+            if opt.lora.enabled:
+                self._frozen = params
+                self._params = {n: mx.array(v) for n, v in initial_adapters(layout, opt.lora).items()}
+                mx.eval(self._params)
+            else:
+                self._params = params
             self._optimizer = None
             if opt.trainable:
                 self._optimizer = optim.AdamW(learning_rate=opt.lr, betas=[opt.beta1, opt.beta2], eps=opt.eps,
@@ -183,9 +199,20 @@ class MLXStage:
         with self._on_stream():
             return {n: to_boundary(np.array(p)) for n, p in self._params.items()}
 
+    def merged_state_dict(self) -> dict[str, np.ndarray]:
+        with self._on_stream():
+            if not self._lora.enabled:
+                return self.state_dict()
+            base = {n: to_boundary(np.array(p)) for n, p in self._frozen.items()}
+            return merge(base, self.state_dict(), self._lora)
+
+    def _all_params(self, trainable: Mapping[str, mx.array] | None = None) -> dict[str, mx.array]:
+        """What the decoder maths reads: the frozen base (under LoRA) and the trainable tensors."""
+        return {**self._frozen, **(self._params if trainable is None else trainable)}
+
     def _checked(self, tensors: Mapping[str, np.ndarray], what: str) -> dict[str, mx.array]:
         arrays = {n: _as_float32(f"{what} {n}", a) for n, a in tensors.items()}
-        check_shapes(self._layout, {n: a.shape for n, a in arrays.items()}, what=what)
+        check_shapes(self._trainable, {n: a.shape for n, a in arrays.items()}, what=what)
         return {n: mx.array(a) for n, a in arrays.items()}
 
     def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
@@ -210,7 +237,7 @@ class MLXStage:
                 return to_boundary(np.array(self._cached_forward(x, cache_id)))
             if key is not None:
                 self._check_new_key(key)
-            out, _ = stage_forward(self._params, x, self._dims)
+            out, _ = stage_forward(self._all_params(), x, self._dims)
             mx.eval(out)
             if key is not None:
                 self._pending[key] = _Pending(params=dict(self._params), inputs=x, out_shape=tuple(out.shape))
@@ -221,7 +248,7 @@ class MLXStage:
         if cache is not None and cache.batch != x.shape[0]:
             raise BackendError(f"cache {cache_id!r} holds {cache.batch} rows, got a batch of {x.shape[0]}")
         offset = 0 if cache is None else cache.length
-        out, present = stage_forward(self._params, x, self._dims, offset=offset,
+        out, present = stage_forward(self._all_params(), x, self._dims, offset=offset,
                                      past=None if cache is None else cache.layers)
         mx.eval(out, present)
         self._caches[cache_id] = _KVCache(batch=x.shape[0], length=offset + x.shape[1], layers=present)
@@ -247,7 +274,7 @@ class MLXStage:
             if key is not None:
                 self._check_new_key(key)
             tgt_mx = mx.array(to_boundary(tgt, tokens=True).astype(np.int32))
-            logits, _ = stage_forward(self._params, x, self._dims)
+            logits, _ = stage_forward(self._all_params(), x, self._dims)
             logprobs = gather_logprobs(logits, tgt_mx, float(temperature))
             mx.eval(logprobs)
             if key is not None:
@@ -274,7 +301,7 @@ class MLXStage:
                     x, values = pending.inputs, arrays
                 else:
                     x, values = arrays[0], arrays[1:]
-                out, _ = stage_forward(dict(zip(names, values)), x, dims)
+                out, _ = stage_forward(self._all_params(dict(zip(names, values))), x, dims)
                 if pending.targets is not None:
                     out = gather_logprobs(out, pending.targets, pending.temperature)
                 return out
@@ -295,11 +322,15 @@ class MLXStage:
         with self._on_stream(loaded=False):
             self._pending.pop(key, None)
 
-    def grads(self) -> dict[str, np.ndarray]:
+    def grads(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         with self._on_stream():
+            chosen = list(self._params) if names is None else list(names)
+            unknown = [n for n in chosen if n not in self._params]
+            if unknown:
+                raise BackendError(f"grads: unknown parameter(s) {unknown[:3]} for this stage")
             out = {}
-            for name, param in self._params.items():
-                g = self._grads.get(name)
+            for name in chosen:
+                param, g = self._params[name], self._grads.get(name)
                 out[name] = np.zeros(param.shape, np.float32) if g is None else to_boundary(np.array(g))
             return out
 

@@ -15,7 +15,8 @@ how tensors are computed, stored or sent.
 Head convention: the last stage's LM head is ``lm_head.weight`` when given. If
 the config ties word embeddings and ``lm_head.weight`` is absent, the head is
 ``model.embed_tokens.weight`` (which a non-first last stage then holds only for
-the head).
+the head). Cut into several stages, a tied model's first and last stage both list
+that name in ``StageLayout.tied_names``: two copies that training keeps equal.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class StageLayout:
     shapes: dict[str, tuple[int, ...]]  #: every parameter the stage holds -> shape
     biases: LayerBiases
     head_name: str | None  #: name of the LM-head matrix on the last stage, else None
+    #: names another stage also holds: the tied embedding on the first and the last stage
+    #: of a tied model cut into several stages (see ``StageBackend.tied_names``)
+    tied_names: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -160,9 +164,12 @@ def plan_stage(spec: StageSpec, config: ModelConfigLike, given: Iterable[str]) -
     if unexpected:
         raise BackendError(f"unexpected tensors for {spec.describe(config.num_hidden_layers)}: "
                            f"{_short(unexpected)}")
+    tied_names: tuple[str, ...] = ()
+    if spec.num_stages > 1 and config.tie_word_embeddings and (spec.is_first or head_name == EMBED):
+        tied_names = (EMBED,)
     return StageLayout(spec=spec, shapes=shapes,
                        biases=LayerBiases(qkv=present["qkv"], o=present["o"], mlp=present["mlp"]),
-                       head_name=head_name)
+                       head_name=head_name, tied_names=tied_names)
 
 
 def check_shapes(layout: StageLayout, shapes: dict[str, tuple[int, ...]], *, what: str = "weights") -> None:

@@ -13,8 +13,12 @@ in the shared ``backends.optimizer_state`` format). ``load`` copies the given
 arrays, so callers may pass a lazy mapping and keep peak memory at the stage's
 size plus one tensor.
 
+LoRA (``OptimizerConfig.lora``): PEFT's LoRA layers wrap the targeted linears
+(``backends.torch_lora``); the base is frozen (no gradients, no AdamW state) and the
+parameters the protocol speaks of are the adapters (``backends.lora`` names).
+
 Conventions shared with the MLX backend: both validate weights with
-``backends.stage_layout``; ``set_grads`` replaces the named gradients only;
+``backends.stage_layout`` (adapters with ``backends.lora``); ``set_grads`` replaces the named gradients only;
 ``step`` updates the parameters that have a gradient (none: no-op). Changing
 weights does not touch existing KV caches. Unlike MLX (which recomputes at
 backward time), autograd needs the weights a keyed forward used: changing them
@@ -29,12 +33,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 import torch
 
-from backends.base import BackendError, BackendUnavailable, OptimizerConfig, StageSpec, to_boundary
+from backends.base import BackendError, BackendUnavailable, LoraConfig, OptimizerConfig, StageSpec, to_boundary
+from backends.lora import adapter_layout, initial_adapters, merge
 from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.registry import TORCH_THREADS_ENV
 from backends.stage_layout import StageLayout, check_shapes, plan_stage
@@ -102,13 +107,17 @@ class TorchStage:
                 raise BackendError(f"num_threads must be >= 1, got {num_threads}")
             torch.set_num_threads(num_threads)
         self.spec: StageSpec | None = None
+        self.tied_names: tuple[str, ...] = ()
         self._module: StageModule | None = None
-        self._params: dict[str, torch.nn.Parameter] = {}
+        self._params: dict[str, torch.nn.Parameter] = {}  # the trainable tensors: all, or the LoRA adapters
+        self._base_params: dict[str, torch.nn.Parameter] = {}  # the HF parameters (frozen under LoRA)
+        self._lora = LoraConfig()
         self._optimizer: torch.optim.Optimizer | None = None
         self._caches: dict[str, tuple[KVCache, int]] = {}  # cache_id -> (per-layer k/v, batch size)
         self._keys: dict[str, tuple[torch.Tensor | None, torch.Tensor]] = {}  # key -> (input leaf, output)
         self._config = None
-        self._layout: StageLayout | None = None
+        self._layout: StageLayout | None = None  # the base parameters
+        self._trainable: StageLayout | None = None  # what _params holds (names and shapes)
         self._closed = False
 
     # -- weights -----------------------------------------------------------------
@@ -122,10 +131,22 @@ class TorchStage:
         for name in layout.names:  # one tensor at a time: a lazy mapping stays lazy
             state[name] = self._tensor(layout, name, weights[name], "weights")
         module.load_state_dict(state, assign=True, strict=True)
-        self._layout, self._module = layout, module
-        self._params = dict(module.named_parameters())
-        self._config, self.spec = config, spec
+        del state
         opt = optimizer or OptimizerConfig()
+        self._lora = opt.lora
+        if opt.lora.enabled:
+            from backends.torch_lora import attach_lora, base_parameters
+
+            trainable = adapter_layout(layout, opt.lora)
+            self._params = attach_lora(module, opt.lora, initial_adapters(layout, opt.lora))
+            self._base_params = base_parameters(module)
+        else:
+            trainable = layout
+            self._params = dict(module.named_parameters())
+            self._base_params = self._params
+        self._layout, self._trainable, self._module = layout, trainable, module
+        self.tied_names = trainable.tied_names
+        self._config, self.spec = config, spec
         self._optimizer = None
         if opt.trainable:
             self._optimizer = torch.optim.AdamW(list(self._params.values()), lr=opt.lr,
@@ -133,12 +154,19 @@ class TorchStage:
                                                 weight_decay=opt.weight_decay)
         self._caches.clear()
         self._keys.clear()
-        log.info("loaded stage %d/%d (%s) on %s: %d tensors", spec.stage_index + 1, spec.num_stages,
-                 spec.describe(config.num_hidden_layers), self.device, len(state))
+        log.info("loaded stage %d/%d (%s) on %s: %d tensors, %d trainable%s", spec.stage_index + 1,
+                 spec.num_stages, spec.describe(config.num_hidden_layers), self.device, len(layout.names),
+                 sum(p.numel() for p in self._params.values()),
+                 f" (LoRA rank {opt.lora.rank})" if opt.lora.enabled else "")
 
     def state_dict(self) -> dict[str, np.ndarray]:
         self._check_loaded()
         return {n: _to_numpy(p) for n, p in self._params.items()}
+
+    def merged_state_dict(self) -> dict[str, np.ndarray]:
+        self._check_loaded()
+        base = {n: _to_numpy(p) for n, p in self._base_params.items()}
+        return merge(base, self.state_dict(), self._lora) if self._lora.enabled else base
 
     def apply_delta(self, delta: Mapping[str, np.ndarray]) -> None:
         tensors = self._named_tensors(delta, "delta")
@@ -223,10 +251,14 @@ class TorchStage:
     def release(self, key: str) -> None:
         self._keys.pop(key, None)
 
-    def grads(self) -> dict[str, np.ndarray]:
+    def grads(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         self._check_loaded()
+        chosen = list(self._params) if names is None else list(names)
+        unknown = [n for n in chosen if n not in self._params]
+        if unknown:
+            raise BackendError(f"grads: unknown parameter(s) {unknown[:3]} for this stage")
         return {n: _to_numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-                for n, p in self._params.items()}
+                for n, p in ((n, self._params[n]) for n in chosen)}
 
     def set_grads(self, grads: Mapping[str, np.ndarray]) -> None:
         for name, t in self._named_tensors(grads, "grads").items():
@@ -280,7 +312,7 @@ class TorchStage:
     def close(self) -> None:
         self._caches.clear()
         self._keys.clear()
-        self._module, self._params, self._optimizer = None, {}, None
+        self._module, self._params, self._base_params, self._optimizer = None, {}, {}, None
         self._closed = True
         if self._device.type == "cuda":
             torch.cuda.empty_cache()
@@ -327,7 +359,7 @@ class TorchStage:
     def _named_tensors(self, arrays: Mapping[str, np.ndarray], what: str) -> dict[str, torch.Tensor]:
         """Validate names and shapes of all arrays before any is applied; return device tensors."""
         self._check_loaded()
-        return {name: self._tensor(self._layout, name, array, what) for name, array in arrays.items()}
+        return {name: self._tensor(self._trainable, name, array, what) for name, array in arrays.items()}
 
     def _tensor(self, layout: StageLayout, name: str, array: np.ndarray, what: str) -> torch.Tensor:
         """A float32 copy of one named array on this device, after checking name, shape and dtype."""

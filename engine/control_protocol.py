@@ -15,7 +15,8 @@ what a node does with a command.
 Commands (supervisor -> node), each ``{"cmd": NAME, ...}``:
 
 ``start``       begin (or resume) contributing.
-``pause``       stop taking new work; finish or hand back what is in flight.
+``pause``       hold: leave the swarm but keep the process and its loaded stage (the app uses it
+                for schedule holds, shown as "Waiting"; its Pause button sends ``stop``).
 ``stop``        leave the swarm cleanly and exit (exit code 0).
 ``set_limits``  ``{"limits": {...}}`` — any subset of :data:`LIMIT_FIELDS`.
 ``status``      ask for an immediate ``status`` event.
@@ -205,6 +206,8 @@ class SwarmEvent(_Event, frozen=True, tag="swarm"):
     eval: Annotated[list[EvalPoint], Meta(max_length=10_000)]  # held-out accuracy curve
     reward: Annotated[list[RewardPoint], Meta(max_length=10_000)]  # reward curve
     stages: Annotated[list[StageRow], Meta(max_length=4096)]  # the pipeline
+    # mean staleness (versions) of the rollouts in the swarm's last training step; None before one
+    staleness_mean: Annotated[float, Meta(ge=0.0, le=1e9)] | None = None
 
 
 class LogEvent(_Event, frozen=True, tag="log"):

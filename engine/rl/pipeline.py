@@ -8,6 +8,11 @@ one gradient scale per stage, so each stage can be clipped on its own (the rule 
 ``engine.rl.update``). ``LocalPipeline`` chains ``StageBackend`` objects living in this
 process (possibly of different backends); the swarm drives its stages by messages instead
 (``engine.swarm.step_runner``), with the same update planner.
+With an embedding tied across its first and last stage (``StageBackend.tied_names``),
+``LocalPipeline`` sums the two copies' gradients once per step, before gradient norms,
+``grads`` or ``step``, and installs the sum on both, so both copies stay identical
+(Megatron's rule); the gradient norm counts that tensor once, and the two stages form one
+clipping unit (``clip_units``) so that both copies are scaled alike.
 
 What it does not know: transports, tasks, rewards, the objective.
 """
@@ -46,10 +51,14 @@ class StagePipeline(Protocol):
         """Forget a keyed forward without backpropagating."""
 
     def grad_sq_norms(self) -> list[float]:
-        """Squared L2 norm of the accumulated gradients, one per stage."""
+        """Squared L2 norm of the accumulated gradients, one per stage (a tied tensor counted once)."""
+
+    def clip_units(self) -> list[tuple[int, ...]]:
+        """The stages that clip together: each stage alone, except that the first and the last
+        stage form one unit when they hold a tied tensor (both copies must scale alike)."""
 
     def grads(self) -> list[dict[str, np.ndarray]]:
-        """Accumulated gradients of each stage (fp32 numpy, HF names)."""
+        """Accumulated gradients of each stage (fp32 numpy, HF names; tied copies summed)."""
 
     def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
         """Replace each stage's accumulated gradients (e.g. after replica aggregation)."""
@@ -73,6 +82,14 @@ class StagePipeline(Protocol):
         """Declare the version of each stage (used when resuming)."""
 
 
+def clip_units(num_stages: int, *, tied: bool) -> list[tuple[int, ...]]:
+    """:meth:`StagePipeline.clip_units` for ``num_stages`` stages, with or without a tied
+    first/last tensor (one implementation for the in-process pipeline and the swarm)."""
+    if not tied or num_stages < 2:
+        return [(i,) for i in range(num_stages)]
+    return [(0, num_stages - 1)] + [(i,) for i in range(1, num_stages - 1)]
+
+
 class LocalPipeline:
     """``StagePipeline`` over ``StageBackend`` objects in this process, stage 0 first."""
 
@@ -83,6 +100,9 @@ class LocalPipeline:
         self._versions = list(versions) if versions is not None else [0] * len(self.backends)
         if len(self._versions) != len(self.backends):
             raise ValueError("one version per stage")
+        first, last = self.backends[0], self.backends[-1]
+        self._tied = [n for n in first.tied_names if n in last.tied_names] if len(self.backends) > 1 else []
+        self._tied_pending = self._tied_summed = False  # per-stage tied gradients not yet summed / summed
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, num_stages: int = 1, backend: str = "auto",
@@ -133,18 +153,37 @@ class LocalPipeline:
             raise
 
     def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
+        if self._tied_summed:
+            raise ValueError("backward after the tied gradients were summed: call step or zero_grad first")
         grad = np.ascontiguousarray(grad_logprobs, dtype=np.float32)
         for stage in reversed(self.backends):
             grad = stage.backward(key, grad)
+        self._tied_pending = bool(self._tied)
 
     def release(self, key: str) -> None:
         for stage in self.backends:
             stage.release(key)
 
+    def _sum_tied_grads(self) -> None:
+        """Install ``g_first + g_last`` of each tied tensor on both stages (once per step)."""
+        if self._tied_pending:
+            first, last = self.backends[0], self.backends[-1]
+            a, b = first.grads(self._tied), last.grads(self._tied)
+            total = {n: a[n] + b[n] for n in self._tied}
+            first.set_grads(total)
+            last.set_grads(total)
+            self._tied_pending, self._tied_summed = False, True
+
     def grad_sq_norms(self) -> list[float]:
-        return [float(sum(np.square(g, dtype=np.float64).sum() for g in grads.values())) for grads in self.grads()]
+        return [float(sum(np.square(g, dtype=np.float64).sum() for n, g in grads.items()
+                          if not (i and n in self._tied)))  # a tied tensor counts once, on stage 0
+                for i, grads in enumerate(self.grads())]
+
+    def clip_units(self) -> list[tuple[int, ...]]:
+        return clip_units(self.num_stages, tied=bool(self._tied))
 
     def grads(self) -> list[dict[str, np.ndarray]]:
+        self._sum_tied_grads()
         return [stage.grads() for stage in self.backends]
 
     def set_grads(self, grads: Sequence[Mapping[str, np.ndarray]]) -> None:
@@ -152,15 +191,21 @@ class LocalPipeline:
             raise ValueError("one gradient dict per stage")
         for stage, g in zip(self.backends, grads):
             stage.set_grads(g)
+        self._tied_pending = False  # the caller installs final gradients
 
     def zero_grad(self) -> None:
         for stage in self.backends:
             stage.zero_grad()
+        self._tied_pending = self._tied_summed = False
 
     def step(self, grad_scale: float | Sequence[float] = 1.0) -> None:
         scales = [float(grad_scale)] * self.num_stages if np.isscalar(grad_scale) else [float(s) for s in grad_scale]
         if len(scales) != self.num_stages:
             raise ValueError("one gradient scale per stage")
+        if self._tied and scales[0] != scales[-1]:
+            raise ValueError("stages holding a tied tensor must step with one scale (see clip_units)")
+        self._sum_tied_grads()
+        self._tied_summed = False
         for i, (stage, scale) in enumerate(zip(self.backends, scales)):
             stage.step(scale)
             self._versions[i] += 1

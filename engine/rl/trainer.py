@@ -232,7 +232,7 @@ class Trainer:
                 totals[name] += share * value
         sq_norms = self.pipeline.grad_sq_norms()
         norm = float(np.sqrt(sum(sq_norms)))
-        self.pipeline.step(self.rules.stage_clip_scales(sq_norms))
+        self.pipeline.step(self.rules.stage_clip_scales(sq_norms, self.pipeline.clip_units()))
         k = index + 1  # running mean over the updates of this batch
         out.trained = True
         out.loss += (loss - out.loss) / k

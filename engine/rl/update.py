@@ -24,7 +24,10 @@ on both paths. The rules, in the order they apply:
    without one more cross-stage round trip per optimiser step (an internet RTT between the
    last backward and the step), and per-stage clipping means one buggy or hostile stage
    with a huge gradient cannot shrink the updates of the other stages. The in-process
-   trainer follows the same rule so its figures predict the swarm's.
+   trainer follows the same rule so its figures predict the swarm's. One exception: the
+   first and the last stage of a model with tied embeddings hold two copies of one matrix,
+   so they clip as one unit (norm over both stages, the tied tensor counted once) and step
+   with one scale; those two stages exchange the tied gradient each step anyway.
 
 What it does not know: models, transports, where groups come from (a lagged queue or a
 replay buffer), rewards' meaning.
@@ -76,9 +79,18 @@ class UpdateRules:
         """The oldest policy version a rollout may come from to be trained at ``trainer_version``."""
         return int(trainer_version) - self.max_staleness
 
-    def stage_clip_scales(self, stage_sq_norms: Sequence[float]) -> list[float]:
-        """One gradient scale per stage, from each stage's squared gradient norm (rule 5)."""
-        return [clip_scale(math.sqrt(max(float(sq), 0.0)), self.max_grad_norm) for sq in stage_sq_norms]
+    def stage_clip_scales(self, stage_sq_norms: Sequence[float],
+                          units: Sequence[Sequence[int]] | None = None) -> list[float]:
+        """One gradient scale per stage (rule 5): each clipping unit (by default each stage alone;
+        stages sharing a tied tensor form one, see ``StagePipeline.clip_units``) is clipped on the
+        norm of all its stages' gradients, and every stage of the unit takes that unit's scale."""
+        units = [(i,) for i in range(len(stage_sq_norms))] if units is None else units
+        scales = [1.0] * len(stage_sq_norms)
+        for unit in units:
+            norm = math.sqrt(sum(max(float(stage_sq_norms[i]), 0.0) for i in unit))
+            for i in unit:
+                scales[i] = clip_scale(norm, self.max_grad_norm)
+        return scales
 
 
 def clip_scale(norm: float, max_grad_norm: float) -> float:

@@ -3,8 +3,8 @@
 Swarm choice (exactly one): ``--coordinator URL``; ``--lan`` (find a coordinator
 with zeroconf, or host one if none answers, see ``engine.swarm.local_swarm``;
 ``POLIS_LAN_INTERFACES`` and ``POLIS_LAN_SERVICE_TYPE`` restrict it, see
-``engine.net.discovery``); ``--demo`` (host a local coordinator plus one helper
-node so a two-stage swarm runs on this machine). With ``--lan`` the node says on
+``engine.net.discovery``); ``--demo`` (start the demo's coordinator and its other 3
+nodes: the same swarm as ``polis demo``, on this machine). With ``--lan`` the node says on
 stderr (and as a ``log`` event) which coordinator it joined or hosts.
 
 ``--inference-only`` joins as an inference replica: the node holds one stage
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     swarm = parser.add_mutually_exclusive_group()
     swarm.add_argument("--coordinator", metavar="URL", help="coordinator to join, e.g. http://10.0.0.5:8700")
     swarm.add_argument("--lan", action="store_true", help="find a coordinator on the LAN (host one if none)")
-    swarm.add_argument("--demo", action="store_true", help="host a local two-stage demo swarm on this machine")
+    swarm.add_argument("--demo", action="store_true", help="run the local demo swarm (the same as `polis demo`) on this machine")
     parser.add_argument("--lan-port", type=int, default=0, metavar="PORT",
                         help="with --lan: port of the coordinator this node hosts if none answers (default: any free)")
     parser.add_argument("--control", choices=["stdio", "none"], default="none",

@@ -104,7 +104,9 @@ class NodeStatus:
             async with self._http.get(url) as response:
                 stats = await response.json()
             me = self.ctx.peer_id
-            self.emit("swarm", policy_version=int(stats["version"]),
+            steps = stats.get("steps") or []
+            staleness = float(steps[-1]["staleness_mean"]) if steps else None
+            self.emit("swarm", policy_version=int(stats["version"]), staleness_mean=staleness,
                       eval=[{"version": int(e["version"]), "accuracy": float(e["accuracy"])}
                             for e in stats["evals"][-MAX_EVALS:]],
                       reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}

@@ -12,7 +12,8 @@ from engine.swarm.node_context import HeldStage, NodeContext
 from engine.swarm.node_status import NodeStatus
 
 STATS = {"version": 7, "evals": [{"version": 5, "accuracy": 0.5}], "versions": [{"version": 7, "reward": None}],
-         "stages": [{"stage": 0, "layers": "0-1", "replicas": ["me000000"], "inference": ["other000"]}]}
+         "stages": [{"stage": 0, "layers": "0-1", "replicas": ["me000000"], "inference": ["other000"]}],
+         "steps": [{"version": 6, "staleness_mean": 1.0}, {"version": 7, "staleness_mean": 2.5}]}
 
 
 def test_swarm_figures_come_over_one_reused_http_session_and_status_names_the_stage():
@@ -53,6 +54,7 @@ def test_swarm_figures_come_over_one_reused_http_session_and_status_names_the_st
     swarm = [fields for event, fields in events if event == "swarm"]
     assert len(swarm) == 2 and swarm[0]["policy_version"] == 7 and swarm[0]["reward"] == [{"version": 7, "reward": 0.0}]
     assert swarm[0]["stages"] == [{"stage": 0, "layers": "0-1", "replicas": 2, "mine": True}]
+    assert swarm[0]["staleness_mean"] == 2.5  # the swarm's last step, so the window's Staleness is filled
     assert len(set(peers_seen)) == 1  # both polls on one keep-alive connection
     status = [fields for event, fields in events if event == "status"][-1]
     assert (status["stage"], status["num_stages"], status["peers"], status["policy_version"]) == (0, 2, 2, 3)

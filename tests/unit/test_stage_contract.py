@@ -8,7 +8,6 @@ several safetensors shards and loaded through ``engine.model.load_stage``.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,39 +17,22 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from backends import registry  # noqa: E402
 from backends.base import BackendError, OptimizerConfig, StageBackend  # noqa: E402
 from engine.model.checkpoint import Checkpoint  # noqa: E402
-from engine.model.loader import load_stage  # noqa: E402
-from engine.model.shard_plan import plan_stages  # noqa: E402
+from backends.stage_layout import EMBED  # noqa: E402
 from engine.model.sharded_decode import pipeline_forward  # noqa: E402
+from engine.rl.pipeline import LocalPipeline  # noqa: E402
+from tests.support.stage_variants import (BACKENDS, assert_grads_close, load_pipeline, skip_reason,  # noqa: E402
+                                          summed_grads)
+from tests.support.tiny_tied_llama import write_tiny_tied_llama  # noqa: E402
 
 LOGITS_ATOL = 1e-5
 INIT_STD = 0.05  #: weights std; norms ~ 1 + noise and biases ~ noise so that every term matters
 
 
-def _skip_reason(variant: str) -> str | None:
-    if variant == "mlx":
-        if importlib.util.find_spec("backends.mlx_stage") is None:
-            return "backends/mlx_stage.py is not written yet"
-        return registry.unavailable_reason("mlx")
-    if variant == "torch-cuda" and not torch.cuda.is_available():
-        return "no CUDA device"
-    if variant == "torch-mps" and not torch.backends.mps.is_available():
-        return "no MPS device"
-    return None
-
-
-#: variant -> (registry name, device)
-VARIANTS = {"torch-cpu": ("torch", "cpu"), "torch-cuda": ("torch", "cuda"),
-            "torch-mps": ("torch", "mps"), "mlx": ("mlx", None)}
-BACKENDS = [pytest.param("torch-cpu"), pytest.param("torch-cuda", marks=pytest.mark.gpu),
-            pytest.param("torch-mps", marks=pytest.mark.gpu), pytest.param("mlx", marks=pytest.mark.mlx)]
-
-
 @pytest.fixture(params=BACKENDS)
 def variant(request) -> str:
-    reason = _skip_reason(request.param)
+    reason = skip_reason(request.param)
     if reason:
         pytest.skip(reason)
     return request.param
@@ -97,13 +79,7 @@ def model(request, models) -> Model:
 
 def _pipeline(model: Model, backends: list[str] | str, num_stages: int,
               optimizer: OptimizerConfig | None = None) -> list[StageBackend]:
-    variants = [backends] * num_stages if isinstance(backends, str) else backends
-    checkpoint = Checkpoint(model.path)
-    stages = []
-    for spec, v in zip(plan_stages(model.num_layers, num_stages), variants):
-        name, device = VARIANTS[v]
-        stages.append(load_stage(checkpoint, spec, name, device=device, optimizer=optimizer))
-    return stages
+    return load_pipeline(model.path, backends, num_stages, optimizer)
 
 
 def _tokens(model: Model, shape: tuple[int, int], seed: int = 0) -> np.ndarray:
@@ -119,20 +95,8 @@ def _hf_grads(model: Model) -> dict[str, np.ndarray]:
     return {n: p.grad.numpy().copy() for n, p in model.hf.named_parameters()}
 
 
-def _pipeline_grads(stages: list[StageBackend]) -> dict[str, np.ndarray]:
-    """Sum per name: a tied embedding's gradient is split between stage 0 and the last stage."""
-    total: dict[str, np.ndarray] = {}
-    for stage in stages:
-        for name, g in stage.grads().items():
-            total[name] = total[name] + g if name in total else g
-    return total
-
-
-def _assert_grads_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert set(got) == set(want)
-    for name in want:
-        scale = max(1.0, float(np.abs(want[name]).max()))
-        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5 * scale, err_msg=name)
+_pipeline_grads = summed_grads  # a tied embedding's gradient is split between stage 0 and the last stage
+_assert_grads_close = assert_grads_close
 
 
 def _train_forward(stages: list[StageBackend], tokens: np.ndarray, key: str) -> np.ndarray:
@@ -330,7 +294,7 @@ def test_closed_stage_refuses_work(variant, models):
 @pytest.mark.parametrize("chain", [["torch-cpu", "mlx", "torch-cpu"], ["torch-cpu", "mlx", "torch-cpu", "mlx"],
                                    ["mlx", "torch-cpu"]])
 def test_mixed_torch_and_mlx_pipeline_gives_the_same_logits_and_gradients(model, chain):
-    reason = _skip_reason("mlx")
+    reason = skip_reason("mlx")
     if reason:
         pytest.skip(reason)
     tokens = _tokens(model, (2, 7), seed=9)
@@ -342,3 +306,109 @@ def test_mixed_torch_and_mlx_pipeline_gives_the_same_logits_and_gradients(model,
     _train_forward(stages, tokens, "k")
     _train_backward(stages, "k", dloss)
     _assert_grads_close(_pipeline_grads(stages), _hf_grads(model))
+
+
+# -- tied embeddings across stages ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_tied(tmp_path_factory) -> Model:
+    """The test-support tiny tied Llama (no lm_head in its files), in several safetensors shards."""
+    path = write_tiny_tied_llama(tmp_path_factory.mktemp("tiny-tied") / "m", init_std=0.05, max_shard_bytes=60_000)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    return Model(path, hf.eval(), hf.config.num_hidden_layers, hf.config.vocab_size, tied=True)
+
+
+def _hf_logprob_grads(model: Model, tokens, targets, weights) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """log-probs at ``targets`` of the unsplit model and the gradients of ``sum(weights * logp)``."""
+    model.hf.zero_grad(set_to_none=True)
+    logits = model.hf(torch.from_numpy(tokens)).logits
+    logp = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(targets)[..., None])[..., 0]
+    (logp * torch.from_numpy(weights)).sum().backward()
+    return logp.detach().numpy(), _hf_grads(model)  # named_parameters lists the tied matrix once
+
+
+def _rl_batch(model: Model, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    tokens, targets = _tokens(model, (3, 8), seed=seed), _tokens(model, (3, 8), seed=seed + 1)
+    weights = np.random.default_rng(seed + 2).standard_normal((3, 8)).astype(np.float32)
+    return tokens, targets, weights
+
+
+def test_a_tied_embedding_is_shared_by_the_first_and_the_last_stage_only(variant, tiny_tied, models):
+    assert [s.tied_names for s in _pipeline(tiny_tied, variant, 1)] == [()]  # one copy: autograd sums both uses
+    assert [s.tied_names for s in _pipeline(tiny_tied, variant, 3)] == [(EMBED,), (), (EMBED,)]
+    assert [s.tied_names for s in _pipeline(models["llama"], variant, 2)] == [(), ()]  # untied
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+def test_tied_pipeline_logits_and_gradients_equal_the_full_model_with_the_tied_gradient_summed(
+        variant, tiny_tied, num_stages):
+    tokens, targets, weights = _rl_batch(tiny_tied, seed=20)
+    want_logp, want = _hf_logprob_grads(tiny_tied, tokens, targets, weights)
+    pipe = LocalPipeline(_pipeline(tiny_tied, variant, num_stages))
+    np.testing.assert_allclose(pipeline_forward(pipe.backends, tokens), _hf_logits(tiny_tied, tokens),
+                               rtol=0, atol=LOGITS_ATOL)
+    np.testing.assert_allclose(pipe.token_logprobs(tokens, targets, key="k"), want_logp, rtol=0, atol=1e-5)
+    pipe.backward("k", weights)
+    got = pipe.grads()
+    for stage_grads in got:  # every copy of the tied matrix holds the full gradient (both uses summed)
+        assert_grads_close(stage_grads, {n: want[n] for n in stage_grads})
+    assert set().union(*got) == set(want)
+    want_sq = sum(float(np.square(g, dtype=np.float64).sum()) for g in want.values())
+    assert sum(pipe.grad_sq_norms()) == pytest.approx(want_sq, rel=1e-5)  # the tied matrix counted once
+    if num_stages > 1:
+        pipe.token_logprobs(tokens, targets, key="k2")
+        with pytest.raises(ValueError):  # summed already: another backward would count stage 0's part twice
+            pipe.backward("k2", weights)
+
+
+TIED_CHAINS = [pytest.param(["torch-cpu", "torch-cpu"], id="torch"),
+               pytest.param(["mlx", "mlx", "mlx"], id="mlx", marks=pytest.mark.mlx),
+               pytest.param(["torch-cpu", "mlx"], id="torch-mlx", marks=pytest.mark.mlx),
+               pytest.param(["mlx", "torch-cpu", "torch-cpu"], id="mlx-torch", marks=pytest.mark.mlx)]
+
+
+@pytest.mark.parametrize("chain", TIED_CHAINS)
+def test_tied_copies_stay_identical_through_adamw_steps_and_follow_the_whole_model(tiny_tied, chain):
+    for v in chain:
+        if skip_reason(v):
+            pytest.skip(skip_reason(v))
+    opt = OptimizerConfig(lr=1e-3, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01)
+    split = LocalPipeline(_pipeline(tiny_tied, chain, len(chain), optimizer=opt))
+    whole = LocalPipeline(_pipeline(tiny_tied, chain[0], 1, optimizer=opt))  # one copy: tied by construction
+    for step in range(3):
+        tokens, targets, weights = _rl_batch(tiny_tied, seed=30 + 3 * step)
+        norms = []
+        for pipe in (split, whole):
+            pipe.zero_grad()
+            pipe.token_logprobs(tokens, targets, key="k")
+            pipe.backward("k", weights)
+            norms.append(float(np.sqrt(sum(pipe.grad_sq_norms()))))
+        want = whole.grads()[0]
+        for stage_grads in split.grads():  # both copies hold the whole model's tied gradient
+            assert_grads_close(stage_grads, {n: want[n] for n in stage_grads})
+        assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+        for pipe, norm in zip((split, whole), norms):
+            pipe.step(grad_scale=min(1.0, 1.0 / norm))  # one scale for all: the whole model is one unit
+    first, last = split.backends[0].state_dict()[EMBED], split.backends[-1].state_dict()[EMBED]
+    if len(set(chain)) == 1:
+        np.testing.assert_array_equal(first, last)  # same backend: bit-identical copies
+    else:
+        np.testing.assert_allclose(first, last, rtol=0, atol=1e-6)  # torch vs MLX AdamW: fp32 rounding
+    want = whole.state_dicts()[0]
+    got = {n: w for sd in split.state_dicts() for n, w in sd.items()}
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=2e-5, err_msg=name)
+    assert np.abs(first - _pipeline(tiny_tied, "torch-cpu", 1)[0].state_dict()[EMBED]).max() > 1e-3  # it trained
+
+
+def test_tied_first_and_last_stages_are_one_clipping_unit_and_refuse_unequal_scales(tiny_tied):
+    split = LocalPipeline(_pipeline(tiny_tied, "torch-cpu", 3))
+    assert split.clip_units() == [(0, 2), (1,)]
+    tokens, targets, weights = _rl_batch(tiny_tied, seed=5)
+    split.token_logprobs(tokens, targets, key="k")
+    split.backward("k", weights)
+    with pytest.raises(ValueError, match="tied"):
+        split.step([0.5, 1.0, 1.0])  # the two copies of the embedding would drift apart
+    split.step([0.5, 1.0, 0.5])
+    np.testing.assert_array_equal(split.backends[0].state_dict()[EMBED], split.backends[-1].state_dict()[EMBED])

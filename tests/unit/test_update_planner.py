@@ -97,6 +97,9 @@ class TokenOnlyPipeline:
     def grad_sq_norms(self):
         return list(STAGE_SQ_NORMS)
 
+    def clip_units(self):
+        return [(i,) for i in range(len(STAGE_SQ_NORMS))]
+
     def step(self, grad_scale=1.0):
         self.step_scales.append(list(grad_scale))
         self._versions = [v + 1 for v in self._versions]
@@ -261,3 +264,13 @@ def test_clip_scale_clips_only_above_the_bound_and_refuses_a_non_finite_norm():
     assert UpdateRules(max_grad_norm=2.0).stage_clip_scales([16.0, 1.0]) == pytest.approx([0.5, 1.0])
     with pytest.raises(ValueError):
         clip_scale(float("nan"), 1.0)
+
+
+def test_stages_sharing_a_tied_tensor_clip_as_one_unit_and_the_others_alone():
+    rules = UpdateRules(objective=ObjectiveConfig(), max_grad_norm=1.0)
+    sq = [9.0, 0.25, 16.0]  # norms 3, 0.5, 4
+    alone = rules.stage_clip_scales(sq)
+    assert alone == pytest.approx([1 / 3, 1.0, 1 / 4], rel=1e-9)
+    tied = rules.stage_clip_scales(sq, [(0, 2), (1,)])
+    assert tied[0] == tied[2] == pytest.approx(1 / 5, rel=1e-9)  # sqrt(9 + 16) = 5
+    assert tied[1] == 1.0
