@@ -13,9 +13,10 @@ from tests.integration.swarm_harness import Swarm
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-VERSIONS = 5
+#: a batch makes updates_per_batch (4) versions; the run stops, checkpoints and evaluates at this one
+VERSIONS = 8
 RUN = ["prompts_per_step=4", "eval_every_versions=0", "generations_in_flight=2", f"max_versions={VERSIONS}",
-       f"checkpoint_every_versions={VERSIONS}"]
+       "checkpoint_every_versions=4"]
 
 
 def test_an_export_of_a_swarm_run_is_the_model_its_stages_served(tmp_path, capsys):
