@@ -37,12 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from backends.base import BackendError
+    from engine.extras import MissingExtra
     from engine.model.errors import CheckpointError
     from engine.model.export.hf_export import export_version, stage_json
     from engine.model.export.model_card import render_card
     from engine.model.export.run_record import RunRecord
     from engine.model.importers.output import MANIFEST_FILE, read_json
     from engine.rl.checkpoint_eval import EvalError, evaluate_checkpoint
+    from engine.rl.tasks.reasoning_gym_task import TaskUnavailable
 
     try:
         result = export_version(args.run_dir, args.out, version=args.version, base_dir=args.base,
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         card = render_card(record, result, base_name=manifest["base_name"], before=before, after=after,
                            license_name=args.license)
         (result.out_dir / "README.md").write_text(card, encoding="utf-8")
-    except (CheckpointError, EvalError, BackendError, ValueError) as exc:
+    except (CheckpointError, EvalError, BackendError, MissingExtra, TaskUnavailable, ValueError) as exc:
         print(f"polis export: {exc}", file=sys.stderr)
         return 2
     if args.json:

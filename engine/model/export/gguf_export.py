@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.extras import require
 from engine.model.checkpoint import CONFIG_FILE, Checkpoint
 from engine.model.errors import CheckpointError
 from engine.model.importers.output import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, read_json
@@ -66,6 +67,7 @@ def _tokenizer_metadata(directory: Path) -> dict[str, Any]:
 
 def write_gguf(checkpoint_dir: str | Path, out_path: str | Path, dtype: str = "f32") -> Path:
     """Write ``checkpoint_dir`` (an HF Llama directory) as GGUF ``out_path`` with ``dtype`` matrices."""
+    require("writing a GGUF file", ("gguf",))
     import gguf
 
     if dtype not in GGUF_DTYPES:
