@@ -66,3 +66,12 @@ def test_polis_eval_scores_a_chat_task_strictly_and_by_content_on_a_bpe_model(tm
     # a digit task on a BPE model is refused with what to do instead
     assert main(["eval", str(model), "--task", "reversal"]) == 2
     assert "evaluate it on a chat task" in capsys.readouterr().err
+
+
+def test_a_card_names_a_known_imported_base_by_its_hub_id_and_license():
+    from engine.model.export.model_card import base_identity
+
+    smol = {"base_name": "SmolLM2-135M-Instruct", "base_kind": "smollm2-135m"}
+    assert base_identity(smol, None) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")
+    assert base_identity({"base_name": "my-model", "base_kind": "hf-dir"}, None) == ("my-model", "other")
+    assert base_identity({"base_name": "my-model"}, "mit") == ("my-model", "mit")

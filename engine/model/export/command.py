@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the merged model as one GGUF file (Llama, byte-level BPE) for llama.cpp")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after eval in the model card")
     parser.add_argument("--eval-n", type=int, default=None, help="held-out items to evaluate (default: all)")
-    parser.add_argument("--license", default="other", help="license field of the model card (the base's terms apply)")
+    parser.add_argument("--license", default=None,
+                        help="license field of the model card (default: the base's when known, else 'other')")
     parser.add_argument("--backend", default="auto", help="stage backend for the evals: torch, mlx or auto")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             from engine.model.export.gguf_export import write_gguf
 
             gguf_path = write_gguf(result.out_dir, result.out_dir / f"{manifest['name']}.{args.gguf}.gguf", args.gguf)
-        card = render_card(record, result, base_name=manifest["base_name"], before=before, after=after,
+        card = render_card(record, result, manifest=manifest, before=before, after=after,
                            license_name=args.license)
         (result.out_dir / "README.md").write_text(card, encoding="utf-8")
     except (CheckpointError, EvalError, BackendError, MissingExtra, TaskUnavailable, ValueError) as exc:

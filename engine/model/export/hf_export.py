@@ -223,10 +223,12 @@ def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version:
     if not (staging / TOKENIZER_FILE).exists():
         raise CheckpointError(base_dir / TOKENIZER_FILE, "missing: the export would have no tokenizer")
     base_manifest = base_dir / MANIFEST_FILE
-    base_name = read_json(base_manifest).get("name") if base_manifest.exists() else base_dir.name
+    base_info = read_json(base_manifest) if base_manifest.exists() else {}
+    base_name = base_info.get("name") or base_dir.name
     write_json(staging / MANIFEST_FILE, {
         "name": f"{base_name}-polis-{record.run_id}-v{version}", "kind": "export", "source": str(record.run_dir),
-        "base": str(base_dir), "base_name": base_name, "run_id": record.run_id, "version": version,
+        "base": str(base_dir), "base_name": base_name,
+        "base_kind": base_info.get("kind"), "base_source": base_info.get("source"), "run_id": record.run_id, "version": version,
         "lora": lora, "adapter_only": adapter,
         "stages": [{"stage": f.stage, "file": str(f.path), "sha256": f.sha256} for f in files]})
 
