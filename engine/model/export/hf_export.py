@@ -228,7 +228,8 @@ def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version:
     write_json(staging / MANIFEST_FILE, {
         "name": f"{base_name}-polis-{record.run_id}-v{version}", "kind": "export", "source": str(record.run_dir),
         "base": str(base_dir), "base_name": base_name,
-        "base_kind": base_info.get("kind"), "base_source": base_info.get("source"), "run_id": record.run_id, "version": version,
+        "base_kind": base_info.get("kind"), "base_source": base_info.get("source"), "run_id": record.run_id,
+        "version": version,
         "lora": lora, "adapter_only": adapter,
         "stages": [{"stage": f.stage, "file": str(f.path), "sha256": f.sha256} for f in files]})
 
