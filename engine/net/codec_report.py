@@ -108,7 +108,8 @@ def measure_codec(array: np.ndarray, encoding: str, *, tensor: str = "tensor", r
         t0 = time.perf_counter()
         encoded = encode_tensor(array, encoding, **params)
         t1 = time.perf_counter()
-        decoded = decode_tensor(encoded.header, encoded.payload, max_elements=max(1, array.size))
+        decoded = decode_tensor(encoded.header, encoded.payload, max_elements=max(1, array.size),
+                                 expected_shape=array.shape)
         t2 = time.perf_counter()
         enc_s, dec_s = min(enc_s, t1 - t0), min(dec_s, t2 - t1)
     fp32_mb = array.size * 4 / 1e6
@@ -138,9 +139,11 @@ def error_feedback_figures(updates: list[np.ndarray], encoding: str = "topk",
     sent_without = np.zeros_like(total)
     for update in updates:
         encoded = feedback.compress("update", update)
-        sent += decode_tensor(encoded.header, encoded.payload, max_elements=max(1, update.size))
+        sent += decode_tensor(encoded.header, encoded.payload, max_elements=max(1, update.size),
+                              expected_shape=update.shape)
         plain = encode_tensor(update, encoding, **params)
-        sent_without += decode_tensor(plain.header, plain.payload, max_elements=max(1, update.size))
+        sent_without += decode_tensor(plain.header, plain.payload, max_elements=max(1, update.size),
+                                      expected_shape=update.shape)
         total += update
     return {"rounds": float(len(updates)), "ef_rel_error": _rel(total, sent),
             "no_ef_rel_error": _rel(total, sent_without)}

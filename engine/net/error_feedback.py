@@ -43,7 +43,7 @@ class ErrorFeedback:
             raise ValueError(f"{name}: shape {grad.shape} differs from the residual's {residual.shape}")
         acc = grad + residual if residual is not None else grad.copy()
         encoded = encode_tensor(acc, self.encoding, **self.params)
-        sent = decode_tensor(encoded.header, encoded.payload, max_elements=max(1, acc.size))
+        sent = decode_tensor(encoded.header, encoded.payload, max_elements=max(1, acc.size), expected_shape=acc.shape)
         self._residuals[name] = acc - sent
         return encoded, sent
 

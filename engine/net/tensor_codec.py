@@ -49,6 +49,12 @@ from engine.net.wire import WireRecord
 WIRE_VERSION = 1
 #: Default cap on the element count of one decoded tensor (128 MiB as float32).
 DEFAULT_MAX_ELEMENTS = 1 << 25
+#: Most decoded bytes per payload byte when the caller cannot say the expected shape: a
+#: top-k header of 123 bytes must not make a receiver allocate 256 MiB (top-k at 0.1 %
+#: expands ~1400x; rarer top-k needs the caller's ``expected_shape``).
+DEFAULT_MAX_EXPANSION = 4096.0
+#: decoded bytes always allowed on top of the expansion bound (small tensors, headers' worth)
+EXPANSION_SLACK_BYTES = 64 * 1024
 #: Most dimensions a tensor on the wire may have.
 MAX_NDIM = 8
 
@@ -229,11 +235,14 @@ def encode_tensor(array: Any, encoding: str = "fp32", **params: Any) -> EncodedT
 def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_ELEMENTS,
                   expected_shape: tuple[int, ...] | None = None,
                   expected_dtype: str | np.dtype | None = None,
-                  allow_nonfinite: bool = False) -> np.ndarray:
+                  allow_nonfinite: bool = False,
+                  max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> np.ndarray:
     """Decode an untrusted ``(header, payload)`` into a fresh, writable C-contiguous array.
 
     ``max_elements`` caps the decoded size (checked before allocating);
-    ``expected_shape``/``expected_dtype`` must match the header when given;
+    ``expected_shape``/``expected_dtype`` must match the header when given; without an
+    ``expected_shape``, the decoded bytes may be at most ``max_expansion`` times the payload
+    (plus ``EXPANSION_SLACK_BYTES``; None = no ratio bound), also checked before allocating;
     float results containing NaN/inf are refused unless ``allow_nonfinite``.
     Raises :class:`WireFormatError` (with a reason) and nothing else on bad input.
     """
@@ -244,8 +253,12 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
         want = expected_dtype if isinstance(expected_dtype, str) else dtype_name(expected_dtype)
         if dtype != want:
             raise WireFormatError(f"dtype {dtype} differs from expected {want}")
-    reader = PayloadReader(_as_byte_view(payload))
+    view = _as_byte_view(payload)
     numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if expected_shape is None and max_expansion is not None and \
+            numel * DTYPES[dtype].itemsize > max_expansion * view.nbytes + EXPANSION_SLACK_BYTES:
+        raise WireFormatError(f"{view.nbytes} payload bytes cannot honestly decode to shape {list(shape)}")
+    reader = PayloadReader(view)
     flat = _CODECS[encoding].decode(tuple(shape), numel, dtype, params, reader)
     reader.finish()
     out = flat.reshape(shape)
@@ -256,6 +269,13 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
     if not out.flags.writeable or not out.flags.c_contiguous:
         out = np.array(out, order="C")
     return out
+
+
+def tensor_shape(header: Any, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[tuple[int, ...], str]:
+    """``(shape, dtype)`` of an untrusted header, validated, without touching any payload
+    (so a receiver can check the shape it expects before anything is decoded)."""
+    shape, dtype, _, _ = _validate_header(header, max_elements)
+    return tuple(shape), dtype
 
 
 def _validate_header(header: Any, max_elements: int) -> tuple[list[int], str, str, Any]:

@@ -89,7 +89,8 @@ async def wan_transfer(total_bytes: int = 2 * 1024 * 1024, *, profile: Impairmen
             seconds = time.monotonic() - started
             received = decode_tensor(header["tensor"], payload, max_elements=tensor.size,
                                      expected_shape=tensor.shape)
-            reference = decode_tensor(encoded.header, encoded.payload, max_elements=tensor.size)
+            reference = decode_tensor(encoded.header, encoded.payload, max_elements=tensor.size,
+                                      expected_shape=tensor.shape)
         finally:
             await asyncio.gather(a.close(), b.close(), return_exceptions=True)
     finally:

@@ -7,7 +7,11 @@ Per completion token t of sample i (all inputs are per-token arrays ``[B, T]``):
 * ``w = min(exp(p - b), C)``: truncated importance weight of the proximal policy over the
   *behaviour* policy that sampled the token (possibly several versions old);
 * tokens whose ``exp(p - b)`` falls outside ``[mask_low, mask_high]`` are masked out;
-* ``objective_t = w * min(u A_i, clip(u, 1 - eps_low, 1 + eps_high) A_i)``;
+* ``objective_t = w * min(u A_i, clip(u, 1 - eps_low, 1 + eps_high) A_i)``, and for
+  ``A_i < 0`` at least ``dual_clip * A_i`` (dual clip): with ``w <= C`` this bounds every
+  token's gradient by ``C * max(dual_clip, 1) * |A_i| / N`` whatever the proximal and
+  behaviour log-probs say — a forged ``p`` far below the current log-prob (``u ~ e^40``)
+  cannot produce a huge step;
 * ``loss = -sum_t mask_t objective_t / N + kl_coef * sum_t mask_t k3_t / N`` with the
   k3 estimator ``k3 = exp(r - logp) - (r - logp) - 1`` of KL(pi || ref) and N the number
   of completion tokens in the whole batch (token-level normalisation).
@@ -36,6 +40,8 @@ class ObjectiveConfig:
       mask_low / mask_high: band of ``exp(p - b)`` outside which tokens are masked.
       decoupled: True = the decoupled objective above (staleness corrected);
         False = plain PPO against the behaviour policy (the uncorrected baseline).
+      dual_clip: c > 1; for negative advantages the surrogate is floored at ``c * A``
+        (no gradient there), which bounds the per-token gradient (a hostile-input guard).
       kl_coef: weight of the k3 KL penalty to a reference policy (0 disables it).
       scale_by_std: divide group advantages by the group's reward std (plus ``std_eps``).
       std_eps: added to the std before dividing; a value near the reward's resolution keeps
@@ -48,6 +54,7 @@ class ObjectiveConfig:
     mask_low: float = 0.5
     mask_high: float = 5.0
     decoupled: bool = True
+    dual_clip: float = 3.0
     kl_coef: float = 0.0
     scale_by_std: bool = False
     std_eps: float = 1e-6
@@ -59,6 +66,8 @@ class ObjectiveConfig:
             raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
         if not 0.0 <= self.mask_low < 1.0 < self.mask_high:
             raise ValueError(f"need 0 <= mask_low < 1 < mask_high, got [{self.mask_low}, {self.mask_high}]")
+        if not self.dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
         if self.kl_coef < 0.0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if not 0.0 < self.std_eps < 10.0:
@@ -156,6 +165,10 @@ def compute_objective(logp: np.ndarray, proximal: np.ndarray, behaviour: np.ndar
     # d/dlogp of min(uA, clip(u)A): uA where the plain term is the minimum, 0 where the
     # clipped (constant) term is strictly smaller.
     dper_token = np.where(take_plain, surr_plain, 0.0)
+    floor = config.dual_clip * adv  # only binds where adv < 0 (then per_token is <= 0)
+    dual = (adv < 0) & (per_token < floor)
+    per_token = np.where(dual, floor, per_token)
+    dper_token = np.where(dual, 0.0, dper_token)
     loss = -float(np.sum(np.where(kept, weight * per_token, 0.0))) / n
     grad = -np.where(kept, weight * dper_token, 0.0) / n
 

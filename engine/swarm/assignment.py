@@ -15,6 +15,8 @@ stream). Rules:
   one trainer moves from the most-covered stage to the empty one (the moved node
   reloads its weights from the stage checkpoint or a replica of its new stage);
   inference replicas are never moved;
+* a rejoining node's wish for its old stage is advice (:func:`resume_stage`): granted only
+  for a real stage within one of the least-covered, so hellos cannot pile onto one stage;
 * nodes that cannot hold a stage (``max_layers`` smaller than the stage) are
   never assigned to it.
 
@@ -92,6 +94,24 @@ def assign_new_node(assignment: Assignment, slot: NodeSlot) -> int | None:
         return None
     slot.stage = min(candidates, key=lambda s: (coverage[s], s))
     return slot.stage
+
+
+def resume_stage(assignment: Assignment, slot: NodeSlot, preferred: int | None) -> int | None:
+    """The stage a rejoining node asked for, if the coordinator grants it; None = assign afresh.
+
+    A node's wish is advice: granted only for a real stage it can hold whose coverage
+    (trainers, or all generation replicas for an inference node) is at most one above the
+    least-covered stage it fits, so no run of hellos can pile identities onto one stage.
+    """
+    if preferred is None or not 0 <= preferred < assignment.num_stages or not assignment._fits(slot, preferred):
+        return None
+    others = [s for s in assignment.nodes.values() if s.peer_id != slot.peer_id]
+    coverage = [0] * assignment.num_stages
+    for other in others:
+        if other.stage is not None and (other.role == "trainer" or not slot.is_trainer):
+            coverage[other.stage] += 1
+    least = min(coverage[s] for s in range(assignment.num_stages) if assignment._fits(slot, s))
+    return preferred if coverage[preferred] <= least + 1 else None
 
 
 def remove_node(assignment: Assignment, peer_id: str) -> None:

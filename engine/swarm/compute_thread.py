@@ -4,7 +4,9 @@ The node's asyncio loop must never run tensor maths, and MLX streams / CUDA
 contexts belong to the thread that created them. So the backend is *created*
 on this thread and every call to it runs there, one at a time, in submission
 order; the loop awaits results without blocking. Exceptions raised on the
-compute thread propagate to the awaiting coroutine.
+compute thread propagate to the awaiting coroutine. The queue is bounded
+(``MAX_PENDING_CALLS``): past it ``submit`` raises :class:`ComputeBusy` instead of
+letting a flood of peer messages queue work forever.
 
 It knows nothing about what the calls do (generation, training, loading).
 """
@@ -23,13 +25,19 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _STOP = object()
+#: most calls waiting for the compute thread; past it ``submit`` refuses (a flood must not queue forever)
+MAX_PENDING_CALLS = 8192
+
+
+class ComputeBusy(RuntimeError):
+    """The compute thread's queue is full; the call was not queued."""
 
 
 class ComputeThread:
     """One thread, one FIFO of calls. ``await ct.run(fn, *args)`` runs ``fn`` there."""
 
-    def __init__(self, name: str = "polis-compute"):
-        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def __init__(self, name: str = "polis-compute", max_pending: int = MAX_PENDING_CALLS):
+        self._calls: queue.Queue[Any] = queue.Queue(maxsize=max_pending + 1)  # +1: room for the stop
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._busy_s = 0.0
         self._thread.start()
@@ -63,7 +71,9 @@ class ComputeThread:
         if not self._thread.is_alive():
             raise RuntimeError("compute thread has stopped")
         future: Future[T] = Future()
-        self._calls.put((future, fn, args, kwargs))
+        if self._calls.qsize() >= self._calls.maxsize - 1:
+            raise ComputeBusy(f"{self._calls.maxsize - 1} calls already wait for the compute thread")
+        self._calls.put_nowait((future, fn, args, kwargs))
         return future
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -49,7 +49,7 @@ from engine.rl.codec import TaskCodec
 from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node
+from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
@@ -121,7 +121,8 @@ class Coordinator:
         self.book = RunBook(self.store)
         self.evals = EvalScheduler(task, self.codec, self.store)
         self.generation = GenerationScheduler(self.run, rules, task, self.codec, self.store, self.book, self.evals,
-                                              self.members, job_timeout_s=config.job_timeout_s)
+                                              self.members, job_timeout_s=config.job_timeout_s,
+                                              vocab_size=self.model_config.vocab_size)
         self.steps = StepRunner(self.run, rules, self.codec, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
@@ -196,7 +197,7 @@ class Coordinator:
         trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
         ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
-                and hello.run_id == self.run_id)
+                and hello.run_id == self.run_id and hello.version == self.book.version)
         source, source_peer, checkpoint = "checkpoint", None, None
         if keep:
             source = "keep"
@@ -270,11 +271,13 @@ class Coordinator:
         role = hello.role
         session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
         slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
-        preferred = hello.stage
-        if preferred is not None and hello.run_id == self.run_id and hello.num_stages == self.num_stages:
+        # the coordinator owns placement and the version: a hello's stage is advice (see
+        # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
+        preferred = resume_stage(self.assignment, slot, hello.stage) \
+            if hello.run_id == self.run_id and hello.num_stages == self.num_stages else None
+        if preferred is not None:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
-            self.book.advance(hello.version)  # a node ahead of us: we lost a step record; never go backwards
             stage = preferred
         else:
             stage = assign_new_node(self.assignment, slot)
@@ -318,8 +321,10 @@ class Coordinator:
     def _admin(self, handler):
         async def guarded(request: web.Request) -> web.Response:
             token = request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(token, self.admin_token):
-                return web.json_response({"error": "admin token required"}, status=403)
+            # bytes, not str: compare_digest raises on non-ASCII str (an HTTP 500 for one odd header)
+            if not hmac.compare_digest(token.encode("utf-8", "surrogateescape"), self.admin_token.encode()):
+                return web.json_response({"error": "admin token required: send 'Authorization: Bearer <token>' "
+                                                   "(the coordinator's --admin-token-file)"}, status=401)
             return await handler(request)
         return guarded
 
@@ -347,7 +352,8 @@ class Coordinator:
                         "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
-                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
+                       "refused_results": generation.flagged.get(s.peer_id, 0)} for s in self.sessions.values()],
             "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}

@@ -59,6 +59,7 @@ class _LastStageJob:
     finished: np.ndarray
     versions: list[int]
     steps: int = 0
+    touched: float = field(default_factory=time.monotonic)
 
 
 class Generation:
@@ -161,6 +162,7 @@ class Generation:
         if x.shape[0] != state.rows or len(versions) != len(state.versions):
             raise ProtocolViolation("generation step does not match its job")
         state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
+        state.touched = time.monotonic()
         tokens, logprobs = await ctx.compute.run(rt.gen_sample, job, x, temperature=params.temperature,
                                                  top_p=params.top_p, seed=params.seed, step=state.steps)
         for r in range(state.rows):
@@ -219,7 +221,9 @@ class Generation:
         """Free the caches of jobs untouched since ``cutoff`` (monotonic seconds)."""
         stale = [j for j, s in self._first.items() if s.touched < cutoff]
         stale += [j for j, t in self._mid_touch.items() if t < cutoff]
+        stale += [j for j, s in self._last.items() if s.touched < cutoff]  # a job whose first stage vanished
         for job in stale:
             self._first.pop(job, None)
             self._mid_touch.pop(job, None)
+            self._last.pop(job, None)
             self.ctx.compute.submit(self.ctx.stage.rt.drop, job)

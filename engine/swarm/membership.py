@@ -5,7 +5,8 @@ parts use, see ``engine.swarm.run_book``).
 A route takes one ready node per stage, stage 0 first. Training routes use trainers only;
 generation routes any ready replica (trainers first, then inference replicas). Route r takes
 replica r (mod count) of every stage, so every replica serves. Sending never waits on a stuck
-socket for longer than ``SEND_TIMEOUT_S``.
+socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that long is evicted
+(out of every route at once, socket closed).
 
 What it does not know: authentication, stage assignment, scheduling, messages' meaning.
 """
@@ -89,6 +90,23 @@ class Membership:
         try:
             await asyncio.wait_for(session.ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
             return True
-        except (ConnectionError, RuntimeError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:
+            self._evict(session, f"did not read a {type(message).__name__} within {SEND_TIMEOUT_S} s")
+            return False
+        except (ConnectionError, RuntimeError) as exc:
             log.info("could not send %s to %s: %s", type(message).__name__, peer_id, exc)
             return False
+
+    def _evict(self, session: NodeSession, why: str) -> None:
+        """A node that stops reading leaves every route now and its socket is closed: one stuck
+        peer must cost the run one send deadline, not one per message."""
+        log.warning("evicting %s: it %s", session.peer_id, why)
+        session.ready = False
+        asyncio.get_running_loop().create_task(self._close(session), name=f"polis-coord-evict-{session.peer_id[:8]}")
+
+    @staticmethod
+    async def _close(session: NodeSession) -> None:
+        try:
+            await asyncio.wait_for(session.ws.close(), SEND_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError, RuntimeError) as exc:
+            log.info("closing %s's socket failed (%s); its heartbeat ends it", session.peer_id, exc)

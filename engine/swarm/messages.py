@@ -72,6 +72,8 @@ LayerIndex = Annotated[int, Meta(ge=0, le=1 << 16)]
 ByteCount = Annotated[int, Meta(ge=0, le=1 << 40)]
 StreamId = Annotated[int, Meta(ge=0, le=_STREAM_MAX)]
 Reason = Annotated[str, Meta(max_length=500)]
+#: a run's id: it names a folder on every node (``stages/<run_id>/``), so no separators, no dots
+RunId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 FilePath = Annotated[str, Meta(max_length=4096)]
 Route = Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_STAGES)]
 PeerList = Annotated[list[PeerId], Meta(max_length=MAX_PEERS)]
@@ -119,7 +121,7 @@ class Welcome(WireMessage, frozen=True, tag="welcome"):
     stage_checkpoint: FilePath | None  # checkpoint to load (source "checkpoint")
     version: Version  # policy version the weights must have
     run: OpaqueMap  # RunConfig.to_dict(); rebuilt by engine.swarm.run_config
-    run_id: Annotated[str, Meta(min_length=1, max_length=64)]  # the run's id
+    run_id: RunId  # the run's id (letters, digits, '-' and '_' only)
     signal_url: Annotated[str, Meta(min_length=1, max_length=2048)]  # signalling websocket URL
 
 
@@ -192,7 +194,7 @@ class Hello(WireMessage, frozen=True, tag="hello"):
     stage: StageIndex | None  # stage it served before (resume), if any
     num_stages: StageCount | None  # pipeline depth it served before, if any
     version: Version  # policy version of the weights it holds
-    run_id: Annotated[str, Meta(max_length=64)] | None  # run those weights belong to
+    run_id: RunId | None  # run those weights belong to
     has_base: bool  # it has the base checkpoint on disk
     role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
 

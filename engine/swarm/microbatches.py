@@ -5,7 +5,9 @@ log-probs) is cut into micro-batches spread over the routes (data parallel acros
 trainers' pipelines): token ids go to each route's first stage (``train_in``), targets, mask,
 advantages and behaviour log-probs to its last stage (``train_out``). A micro-batch whose route
 breaks — a node leaves, reports ``mb_failed`` or cannot be reached — is retried on another
-route, up to ``MAX_MB_ATTEMPTS`` times; the whole pass has one deadline.
+route, up to ``MAX_MB_ATTEMPTS`` times; the whole pass has one deadline. ``last_refused`` says
+whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather than
+because a node left or was late.
 
 What it does not know: the RL rules (``engine.rl.update`` made the batch), optimiser steps,
 what a node does with a micro-batch.
@@ -24,6 +26,7 @@ import numpy as np
 
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
+from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ MAX_MB_ATTEMPTS = 3
 @dataclass
 class _InFlight:
     route: tuple[str, ...]
-    future: asyncio.Future  #: resolves to ("done", detail) or ("failed", reason)
+    future: asyncio.Future  #: resolves to ("done", detail), ("failed", reason) or ("refused", reason)
 
 
 class MicrobatchDispatcher:
@@ -46,6 +49,8 @@ class MicrobatchDispatcher:
         self.links, self.counters = links, counters
         self.micro_batch_rows, self.timeout_s = micro_batch_rows, timeout_s
         self._in_flight: dict[tuple[int, int, bool], _InFlight] = {}  #: (step, mb, forward only) -> its wait
+        #: the last failed pass failed because nodes refused a micro-batch (not lost, not late)
+        self.last_refused = False
 
     async def run(self, step: int, batch: TrainBatch, proximal: np.ndarray | None, *,
                   forward_only: bool = False) -> list[tuple[int, np.ndarray]] | None:
@@ -65,6 +70,7 @@ class MicrobatchDispatcher:
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.timeout_s
         results: list[tuple[int, np.ndarray]] = []
+        self.last_refused = False
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future())
@@ -104,6 +110,7 @@ class MicrobatchDispatcher:
                     self.counters["retried_microbatches"] += 1
                     routes = self.links.routes()
                     if attempts + 1 >= MAX_MB_ATTEMPTS or not routes:
+                        self.last_refused = status == "refused"
                         log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
                         return None
                     log.info("micro-batch %d of step %d failed (%s); retrying on another route", mb, step, detail)
@@ -134,13 +141,16 @@ class MicrobatchDispatcher:
         if any(len(r) != len(rows[0]) for r in rows):
             waiting.future.set_result(("failed", "ragged proximal log-probs"))
             return
+        if any(v > LOGPROB_ROUNDING for r in rows for v in r):
+            waiting.future.set_result(("failed", "a positive proximal log-probability"))
+            return
         waiting.future.set_result(("done", np.asarray(rows, dtype=np.float32)))
 
     def on_mb_failed(self, sender: str, m: messages.MbFailed) -> None:
         for forward_only in (False, True):
             waiting = self._waiting(m.step, m.mb, forward_only)
             if waiting is not None and sender in waiting.route:
-                waiting.future.set_result(("failed", m.reason))
+                waiting.future.set_result(("refused", m.reason))
 
     def on_node_lost(self, peer_id: str) -> None:
         for waiting in list(self._in_flight.values()):

@@ -52,6 +52,10 @@ class CoordinatorSender(Protocol):
     async def send(self, message: NodeToCoordinator) -> None: ...
 
 
+#: most background tasks a node runs at once (each peer message may start one; a flood must not grow memory)
+MAX_TASKS = 8192
+
+
 class TaskSpawner:
     """Every background task of a node: named, kept until done, failures logged, cancelled at stop."""
 
@@ -59,6 +63,10 @@ class TaskSpawner:
         self._tasks: set[asyncio.Task] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        """Run ``coro`` as a named task; a ``ProtocolViolation`` (and ``coro`` closed) past ``MAX_TASKS``."""
+        if len(self._tasks) >= MAX_TASKS:
+            coro.close()
+            raise ProtocolViolation(f"{MAX_TASKS} tasks already running; refused {name}")
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from engine.net.errors import ProtocolViolation
-from engine.net.tensor_codec import decode_tensor, encode_tensor
-from engine.swarm.messages import Act, Drop, Grad
+from engine.net.tensor_codec import decode_tensor, encode_tensor, tensor_shape
+from engine.swarm.messages import MAX_ROWS, MAX_TOKENS, Act, Drop, Grad
 
 #: most elements of one activation tensor a node decodes (rows x tokens x hidden)
 MAX_ACTIVATION_ELEMENTS = 1 << 26
@@ -35,10 +35,10 @@ def rect(rows: list[list[Any]], dtype, what: str) -> np.ndarray:
 
 def decode_activation(header: dict, payload: bytes, hidden_size: int) -> np.ndarray:
     """A ``[rows, tokens, hidden]`` float32 tensor from a peer, or a ProtocolViolation."""
-    x = decode_tensor(header, payload, max_elements=MAX_ACTIVATION_ELEMENTS, expected_dtype="float32")
-    if x.ndim != 3 or x.shape[2] != hidden_size:
-        raise ProtocolViolation(f"activation of shape {list(x.shape)} does not fit hidden size {hidden_size}")
-    return x
+    shape, _ = tensor_shape(header, MAX_ACTIVATION_ELEMENTS)  # checked before anything is decoded
+    if len(shape) != 3 or shape[2] != hidden_size or shape[0] > MAX_ROWS or shape[1] > MAX_TOKENS:
+        raise ProtocolViolation(f"activation of shape {list(shape)} does not fit hidden size {hidden_size}")
+    return decode_tensor(header, payload, max_elements=MAX_ACTIVATION_ELEMENTS, expected_dtype="float32")
 
 
 def encode_activation(x: np.ndarray, encoding: str) -> tuple[dict, bytes]:

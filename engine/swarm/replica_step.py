@@ -67,7 +67,10 @@ class ReplicaStep:
     def on_share(self, sender: str, header: Share, payload: bytes) -> None:
         if sender not in self.ctx.stage_members():
             raise ProtocolViolation(f"gradient share from {sender}, who is not a replica of our stage")
-        if len(self._shares) > MAX_SHARE_STEPS and header.step not in self._shares:
+        now = int(self.ctx.stage.rt.version)  # the step we apply next (step == version before it)
+        if not now <= header.step < now + MAX_SHARE_STEPS:  # far-future slots would jam the exchange
+            raise ProtocolViolation(f"gradient share for step {header.step}, outside [{now}, {now + MAX_SHARE_STEPS})")
+        if len(self._shares) >= MAX_SHARE_STEPS and header.step not in self._shares:
             raise ProtocolViolation("too many steps of gradient shares in flight")
         self._shares.setdefault(header.step, {})[sender] = (header.tensors, payload)
         self._share_event.set()

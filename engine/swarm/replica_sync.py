@@ -10,11 +10,13 @@ ones it received. Because every replica aggregates the same decoded bytes in the
 same order (sorted by peer id), all replicas compute the same aggregate and
 their weights stay identical without ever sending weights.
 
-Robustness: with three or more contributions, each is norm-clipped to
-``clip_factor`` times the median contribution norm before summing, so one
-faulty or hostile replica cannot dominate a step. (With two, nobody can tell
-which one is wrong; the per-stage gradient-norm clip after aggregation bounds
-the damage.)
+Robustness (:func:`aggregate`): non-finite contributions are skipped; each
+contribution is norm-clipped (to ``clip_factor`` times the median norm, or the
+smaller norm with two replicas); with three or more, centred clipping around the
+coordinate-wise median keeps one hostile replica (x10, sign-flipped, noise) from
+steering the step; float64 throughout. What it cannot do: out-vote a colluding
+majority of a stage, or tell which of two replicas is honest (it only bounds the
+liar's weight to ``clip_factor`` times the other's norm).
 
 It knows nothing about links, backends or what a stage is.
 """
@@ -79,10 +81,23 @@ class ReplicaCompressor:
 
 
 def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_factor: float = 2.0,
-              robust_from: int = 3) -> dict[str, np.ndarray]:
-    """Sum ``{peer_id: {name: grad}}`` in peer-id order; norm-clip outliers with ``robust_from``+ replicas.
+              centre_factor: float = 1.0, robust_from: int = 3) -> dict[str, np.ndarray]:
+    """The step's gradient from ``{peer_id: {name: grad}}``, robust to a minority of bad replicas.
 
-    Every contribution must hold the same names. The result is a fresh dict of fp32 arrays.
+    In float64, in peer-id order (every replica computes the same bytes):
+
+    1. a contribution with any non-finite entry is skipped;
+    2. every contribution is norm-clipped to ``clip_factor`` times a reference norm: the median
+       norm with ``robust_from`` or more contributions, the smaller one with two (so a x10 share
+       counts at most x``clip_factor``, even where nobody can tell which replica is wrong);
+    3. with ``robust_from`` or more, centred clipping: around the coordinate-wise median, each
+       contribution's deviation is clipped to ``centre_factor`` times the median deviation, and the
+       step is the mean of the clipped contributions times the number of replicas (the sum an
+       all-honest stage would give); with fewer it is the plain sum of the clipped ones.
+
+    Every contribution must hold the same names. Returns fp32 arrays; an aggregate past the fp32
+    range (colluders sending 3e38 each) comes back as inf, and no usable contribution at all as
+    NaN, which the stage's ``apply`` (``engine.swarm.stage_runtime``) skips, keeping its weights.
     """
     if not contributions:
         raise ValueError("nothing to aggregate")
@@ -91,17 +106,36 @@ def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_fac
     for peer in peers[1:]:
         if sorted(contributions[peer]) != names:
             raise ValueError(f"replica {peer} sent a different set of tensors")
-    scales = {peer: 1.0 for peer in peers}
-    if len(peers) >= robust_from:
-        norms = {peer: global_norm(contributions[peer]) for peer in peers}
-        cap = clip_factor * float(np.median(list(norms.values())))
-        for peer in peers:
-            if norms[peer] > cap > 0.0:
-                scales[peer] = cap / norms[peer]
+    shapes = {name: np.shape(contributions[peers[0]][name]) for name in names}
+    good = [p for p in peers if all(np.isfinite(contributions[p][n]).all() for n in names)]
+    if not good:
+        return {name: np.full(shapes[name], np.nan, dtype=np.float32) for name in names}
+    as64 = {p: {n: np.asarray(contributions[p][n], dtype=np.float64) for n in names} for p in good}
+    norms = {p: global_norm(as64[p]) for p in good}
+    robust = len(good) >= robust_from
+    cap = clip_factor * (float(np.median(list(norms.values()))) if robust else min(norms.values()))
+    scale = {p: cap / norms[p] if norms[p] > cap else 1.0 for p in good}
     out: dict[str, np.ndarray] = {}
+    if not robust:
+        for name in names:
+            total = np.zeros(shapes[name], dtype=np.float64)
+            for p in good:
+                total += scale[p] * as64[p][name]
+            out[name] = _to_fp32(total)
+        return out
+    centre = {n: np.median(np.stack([scale[p] * as64[p][n] for p in good]), axis=0) for n in names}
+    deviation = {p: float(np.sqrt(sum(float(np.square(scale[p] * as64[p][n] - centre[n]).sum()) for n in names)))
+                 for p in good}
+    tau = centre_factor * float(np.median(list(deviation.values())))
+    pull = {p: tau / deviation[p] if deviation[p] > tau else 1.0 for p in good}
     for name in names:
-        total = np.zeros_like(np.asarray(contributions[peers[0]][name], dtype=np.float32))
-        for peer in peers:
-            total += np.float32(scales[peer]) * np.asarray(contributions[peer][name], dtype=np.float32)
-        out[name] = total
+        moved = np.zeros(shapes[name], dtype=np.float64)
+        for p in good:
+            moved += pull[p] * (scale[p] * as64[p][name] - centre[name])
+        out[name] = _to_fp32(len(peers) * (centre[name] + moved / len(good)))
     return out
+
+
+def _to_fp32(values: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # past the fp32 range -> inf, which apply skips
+        return values.astype(np.float32)

@@ -3,7 +3,9 @@
 :class:`GenerationScheduler` keeps ``generations_in_flight`` jobs (``prompts_per_job`` prompts
 of one token length x G samples) on every complete generation route (any replica of each
 stage: trainers and inference replicas) while the replay buffer is not full, eval jobs first
-(``engine.swarm.eval_scheduler`` says which). Rewards are computed here from the returned
+(``engine.swarm.eval_scheduler`` says which). Results are checked first (``engine.swarm.rollout_checks``: ids in the
+vocabulary, cut at the first stop id, log-probs <= 0, no version from the future; a refused
+result flags its generator and its prompts are queued again). Rewards are computed here from the returned
 token ids (never trusted from a node), with the update planner's advantage rule
 (``engine.rl.update``) for the record; every completed rollout is written to SQLite at once,
 so none is ever lost. Each rollout keeps the version every stage served it with; staleness
@@ -30,6 +32,7 @@ from engine.rl.tasks.rewards import token_reward
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
 from engine.swarm.store import Store
@@ -50,8 +53,14 @@ class GenerationScheduler:
     """Generation jobs of one run. Lives on the coordinator's event loop."""
 
     def __init__(self, run: RunConfig, rules: UpdateRules, task: Task, codec: TaskCodec, store: Store,
-                 book: RunBook, evals: EvalScheduler, links: NodeLinks, *, job_timeout_s: float = 60.0) -> None:
+                 book: RunBook, evals: EvalScheduler, links: NodeLinks, *, job_timeout_s: float = 60.0,
+                 vocab_size: int | None = None) -> None:
         self.run, self.rules, self.task, self.codec = run, rules, task, codec
+        #: what an honest result can contain (``engine.swarm.rollout_checks``); vocab_size: the model's
+        self.limits = RolloutLimits(vocab_size=vocab_size or codec.vocab_size, stop_ids=frozenset(codec.stop_ids),
+                                    max_new_tokens=run.sampling.max_new_tokens)
+        #: refused results per generator (the last stage of their route): evidence for eviction
+        self.flagged: Counter[str] = Counter()
         self.store, self.book, self.evals, self.links = store, book, evals, links
         self.job_timeout_s = job_timeout_s
         epoch = int(store.get_meta("prompt_epoch", 0))
@@ -133,7 +142,16 @@ class GenerationScheduler:
             self.book.counters["malformed_results"] += 1
             self._fail_job(job.job, "malformed result")
             return
+        try:
+            checked = check_result(m.tokens, m.logprobs, m.versions, self.limits, self.book.version)
+        except RefusedResult as exc:
+            self.book.counters["refused_results"] += 1
+            self.flagged[sender] += 1  # the last stage sampled it
+            log.warning("refused job %s from %s: %s", job.job, sender, exc)
+            self._fail_job(job.job, f"refused: {exc}")
+            return
         del self.jobs[job.job]
+        m = messages.GenDone(job=m.job, tokens=checked.tokens, logprobs=checked.logprobs, versions=checked.versions)
         if job.kind == "eval":
             self.evals.on_result(job.job, m.tokens, m.versions)
         else:

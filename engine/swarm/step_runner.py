@@ -16,7 +16,8 @@
    ``stepped`` comes back the version advances and is recorded.
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
-stay in the buffer. Versions only ever go up. What it does not know: websockets, how
+stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
+failed once: then they are quarantined (never trained, kept for inspection). Versions only ever go up. What it does not know: websockets, how
 rollouts are generated or scored.
 """
 
@@ -63,6 +64,8 @@ class StepRunner:
         self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
         self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
+        #: rollouts whose batch failed once for a reason other than a refusal (a second failure quarantines)
+        self._failed_once: set[int] = set()
 
     # ------------------------------------------------------------------ batches
     def take_groups(self) -> tuple[list[Group], list[list[int]]] | None:
@@ -141,6 +144,7 @@ class StepRunner:
                 break
             self._record_step(step, mini, groups, started)
         self.store.mark_rollouts(trained_ids, "consumed")
+        self._failed_once -= set(trained_ids)
         for g in plan.trained:
             self.staleness_histogram[plan.staleness[g]] += 1
         updates = len(plan.minibatches)
@@ -152,7 +156,21 @@ class StepRunner:
         return True
 
     async def _abort(self, step: int, rollout_ids: list[int]) -> bool:
-        log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
+        """Tell trainers to drop ``step``; its rollouts stay ready once, unless nodes refused them.
+
+        A batch that nodes refused (or that failed before) is quarantined, so one poisoned rollout
+        cannot abort every later step by being taken again forever.
+        """
+        if rollout_ids and (self.microbatches.last_refused or self._failed_once & set(rollout_ids)):
+            self.store.mark_rollouts(rollout_ids, "quarantined")
+            self._failed_once -= set(rollout_ids)
+            self.book.counters["quarantined_rollouts"] += len(rollout_ids)
+            log.warning("step %d failed on its rollouts; %d quarantined", step, len(rollout_ids))
+        else:
+            self._failed_once |= set(rollout_ids)
+            if len(self._failed_once) > 65536:  # bounded: ids that left the buffer otherwise linger
+                self._failed_once.clear()
+            log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
         for replicas in self.links.stage_replicas():
             for peer in replicas:
                 await self.links.send(peer, messages.Abort(step=step))

@@ -27,7 +27,8 @@ import numpy as np
 
 SCHEMA_VERSION = 1
 #: what a stored rollout can be: waiting in the replay buffer, trained on, or dropped (stale / no signal)
-ROLLOUT_STATES = ("ready", "consumed", "dropped")
+#: "quarantined": a step failed on it (``engine.swarm.step_runner``); kept for inspection, never trained
+ROLLOUT_STATES = ("ready", "consumed", "dropped", "quarantined")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

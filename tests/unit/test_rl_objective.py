@@ -30,7 +30,8 @@ def _torch_reference(logp, proximal, behaviour, adv, mask, cfg, ref=None, n=None
     else:
         keep, w, anchor = m, torch.ones_like(p), b
     u = torch.exp(lp - anchor)
-    obj = w * torch.minimum(u * a, torch.clamp(u, 1 - cfg.eps_low, 1 + cfg.eps_high) * a)
+    inner = torch.minimum(u * a, torch.clamp(u, 1 - cfg.eps_low, 1 + cfg.eps_high) * a)
+    obj = w * torch.where(a < 0, torch.maximum(inner, cfg.dual_clip * a), inner)  # dual clip
     n = float(m.sum()) if n is None else n
     loss = -(obj * keep).sum() / n
     if ref is not None and cfg.kl_coef > 0:
@@ -154,3 +155,24 @@ def test_invalid_configs_are_refused():
     for bad in (dict(eps_low=1.0), dict(is_cap=0.0), dict(mask_low=1.5), dict(mask_high=0.9), dict(kl_coef=-1)):
         with pytest.raises(ValueError):
             ObjectiveConfig(**bad)
+
+
+def test_forged_proximal_and_behaviour_log_probs_cannot_produce_a_huge_gradient():
+    """Issue 14 finding 4: b = -40, p = -40 + ln 2 passes the band (exp(p - b) = 2) and made
+    u = exp(logp - p) ~ e^40; with A < 0 the plain branch gave a per-token gradient ~1e17."""
+    shape = (4, 8)
+    logp = np.full(shape, -0.1)
+    behaviour = np.full(shape, -40.0)
+    proximal = behaviour + np.log(2.0)
+    adv = np.array([-1.0, -0.5, 0.5, 1.0])
+    mask = np.ones(shape, dtype=bool)
+    cfg = ObjectiveConfig()
+    result = compute_objective(logp, proximal, behaviour, adv, mask, cfg)
+    bound = cfg.is_cap * max(cfg.dual_clip, 1.0) * np.abs(adv).max() / mask.sum()
+    assert np.all(np.isfinite(result.grad)) and np.abs(result.grad).max() <= bound + 1e-12
+    assert abs(result.loss) <= cfg.is_cap * cfg.dual_clip * np.abs(adv).max()
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError):
+        ObjectiveConfig(dual_clip=1.0)

@@ -1,0 +1,131 @@
+"""Finding 4 of issue 14: rollouts are checked at ingestion and a poisoned batch cannot stall training.
+
+Real generation scheduler, step runner, store and codec; the swarm is a recording outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.paths import base_checkpoint_dir
+from engine.rl.codec import TaskCodec
+from engine.rl.objective import ObjectiveConfig
+from engine.rl.tasks import make_task
+from engine.rl.update import UpdateRules
+from engine.swarm import messages
+from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
+from engine.swarm.run_book import RunBook
+from engine.swarm.run_config import RunConfig
+from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.step_runner import StepRunner
+from engine.swarm.store import Store
+
+ROUTE = ["peer-s0", "peer-s1"]
+LIMITS = RolloutLimits(vocab_size=40, stop_ids=frozenset({2}), max_new_tokens=8)
+
+
+class Outbox:
+    """The swarm as the scheduling parts see it; ``on_send`` may answer like a node."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+        self.on_send = lambda peer, message: None
+
+    async def send(self, peer, message) -> bool:
+        self.sent.append((peer, message))
+        self.on_send(peer, message)
+        return True
+
+    def routes(self):
+        return [ROUTE]
+
+    gen_routes = routes
+
+    def stage_replicas(self):
+        return [[ROUTE[0]], [ROUTE[1]]]
+
+    def inference_replicas(self):
+        return [[], []]
+
+
+def test_check_result_refuses_what_no_honest_sampler_sends_and_cuts_at_the_stop_id():
+    ok = check_result([[5, 6, 2, 7, 7]], [[-0.5, -0.2, 0.0, -1.0, -1.0]], [3, 3], LIMITS, current_version=3)
+    assert ok.tokens == [[5, 6, 2]] and ok.logprobs == [[-0.5, -0.2, 0.0]] and ok.versions == [3, 3]
+    assert check_result([[5]], [[5e-5]], [0, 0], LIMITS, 0).logprobs == [[0.0]]  # rounding of log-softmax
+    for tokens, logprobs, versions, why in (
+            ([[5, 2, 40]], [[-1.0, -1.0, -1.0]], [0, 0], "vocabulary"),  # out of vocabulary after EOS
+            ([[5, 2]], [[-1.0, -1.0]], [2**40, 0], "version"),
+            ([[5, 2]], [[0.5, -1.0]], [0, 0], "positive"),
+            ([[5] * 9], [[-1.0] * 9], [0, 0], "budget")):
+        with pytest.raises(RefusedResult, match=why):
+            check_result(tokens, logprobs, versions, LIMITS, current_version=0)
+
+
+@pytest.fixture()
+def parts(tmp_path):
+    codec = TaskCodec.from_dir(base_checkpoint_dir())
+    run = RunConfig(group_size=4, prompts_per_step=1, prompts_per_job=1, generations_in_flight=1,
+                    updates_per_batch=1, micro_batch_rows=4)
+    task, store, links = make_task(run.task), Store(tmp_path / "c.db"), Outbox()
+    book, evals = RunBook(store), EvalScheduler(task, codec, store)
+    store.record_eval(0, 0.1, 10)  # the "before" eval is done: training may start
+    evals.wanted = None
+    rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True))
+    generation = GenerationScheduler(run, rules, task, codec, store, book, evals, links, vocab_size=codec.vocab_size)
+    steps = StepRunner(run, rules, codec, store, book, evals, links, step_timeout_s=5.0)
+    yield generation, steps, store, links, codec, task
+    store.close()
+
+
+def test_a_last_stage_that_appends_out_of_vocabulary_ids_and_a_future_version_is_refused_and_flagged(parts):
+    generation, steps, store, links, codec, task = parts
+    asyncio.run(generation.fill())
+    job = links.sent[0][1]
+    rows, prompts = len(job.prompt_ids), generation.jobs[job.job].prompts
+    tokens = [codec.encode("12") + [codec.eos_id, codec.vocab_size + 7] for _ in range(rows)]
+    forged = messages.GenDone(job=job.job, tokens=tokens, logprobs=[[-0.1] * 4] * rows, versions=[2**40, 2**40])
+    generation.on_gen_done(ROUTE[1], forged)
+    assert store.ready_group_count() == 0 and not generation.jobs
+    assert generation.flagged[ROUTE[1]] == 1 and generation.book.counters["refused_results"] == 1
+    assert generation.book.version == 0
+    links.sent.clear()
+    asyncio.run(generation.fill())  # the prompts go out again
+    assert [j.prompts for j in generation.jobs.values()] == [prompts]
+
+
+def _add_group(store, codec, rewards):
+    store.add_rollouts([dict(group_id="g0:0", prompt="1+1", tokens=codec.encode("2") + [codec.eos_id],
+                             behaviour_logprobs=[-0.3, -0.1], versions=[0, 0], min_version=0, reward=r,
+                             advantage=0.0) for r in rewards])
+
+
+def test_a_batch_that_nodes_refuse_is_quarantined_after_one_attempt_and_never_retaken(parts):
+    generation, steps, store, links, codec, task = parts
+    _add_group(store, codec, [1.0, 0.0, 0.0, 1.0])
+
+    def refuse(peer, message):
+        if isinstance(message, messages.TrainIn):
+            steps.microbatches.on_mb_failed(peer, messages.MbFailed(step=message.step, mb=message.mb,
+                                                                    reason="token id outside the embedding"))
+    links.on_send = refuse
+    assert asyncio.run(steps.maybe_train()) is False
+    assert store.rollout_counts() == {"quarantined": 4}
+    assert steps.book.counters["quarantined_rollouts"] == 4 and steps.book.counters["aborted_steps"] == 1
+    assert asyncio.run(steps.maybe_train()) is False and steps.book.counters["aborted_steps"] == 1  # not retaken
+
+
+def test_a_batch_that_failed_for_a_lost_node_gets_one_more_try_then_is_quarantined(parts):
+    generation, steps, store, links, codec, task = parts
+    _add_group(store, codec, [1.0, 0.0, 0.0, 1.0])
+
+    def lose(peer, message):
+        if isinstance(message, messages.TrainIn):
+            steps.microbatches.on_node_lost(peer)
+    links.on_send = lose
+    assert asyncio.run(steps.maybe_train()) is False
+    assert store.rollout_counts() == {"ready": 4}  # an honest failure: the rollouts stay
+    assert asyncio.run(steps.maybe_train()) is False
+    assert store.rollout_counts() == {"quarantined": 4} and steps.book.counters["aborted_steps"] == 2
