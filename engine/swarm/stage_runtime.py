@@ -25,6 +25,7 @@ import numpy as np
 from backends import registry
 from backends.base import OptimizerConfig, StageBackend, StageSpec, sample_from_logits
 from engine.atomic_file import atomic_write_bytes
+from engine.model.content_hash import METADATA_KEY, tensors_sha256
 from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.update import clip_scale
 
@@ -47,6 +48,8 @@ class StageRuntime:
         self.backend: StageBackend | None = None
         self.spec: StageSpec | None = None
         self.model_config: Any = None
+        self.optimizer: OptimizerConfig | None = None  #: the loaded stage's (for what save_stage records)
+        self.base_dir: str | None = None  #: the base checkpoint the stage was cut from, when loaded from one
         self.version = 0
         # Create the backend now: it detects the device (for the user) and is reused by the first load.
         self._fresh: StageBackend | None = self._create()
@@ -82,6 +85,7 @@ class StageRuntime:
         backend = self._new_backend()
         backend.load(spec, checkpoint.stage_weights(spec), checkpoint.config, optimizer)
         self.backend, self.spec, self.model_config = backend, spec, checkpoint.config
+        self.optimizer, self.base_dir = optimizer, str(Path(base_dir).resolve())
         self.version = version or 0
         if stage_file is not None:
             if Path(stage_file).exists():
@@ -100,6 +104,7 @@ class StageRuntime:
         backend = self._new_backend()
         backend.load(spec, weights, config, optimizer)
         self.backend, self.spec, self.model_config = backend, spec, config
+        self.optimizer = optimizer
         self.version = version
 
     @property
@@ -227,7 +232,9 @@ class StageRuntime:
     def save_stage(self, path: str | Path, version: int) -> None:
         """Write this stage's weights + version, and next to them its optimiser state
         (``optimizer_path``), each atomically: a stage restored from them continues with
-        its AdamW moments instead of restarting them."""
+        its AdamW moments instead of restarting them. The weights file's metadata also
+        carries their content hash (``engine.model.content_hash``) and, for a LoRA stage,
+        the adapter settings, which ``polis export`` checks and needs."""
         from safetensors.numpy import save
 
         path = Path(path)
@@ -235,9 +242,20 @@ class StageRuntime:
         atomic_write_bytes(optimizer_path(path), save(
             {k: np.ascontiguousarray(v) for k, v in self._b().optimizer_state().items()},
             metadata={"polis_version": str(version)}))
-        atomic_write_bytes(path, save(
-            {k: np.ascontiguousarray(v) for k, v in self.state_dict().items()},
-            metadata={"polis_version": str(version), "stage": json.dumps(self.spec.__dict__)}))
+        weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in self.state_dict().items()}
+        # the content hash lets `polis export` prove these are the weights saved for this version
+        atomic_write_bytes(path, save(weights, metadata={
+            "polis_version": str(version), "stage": json.dumps(self.spec.__dict__),
+            METADATA_KEY: tensors_sha256(weights), "polis_lora": json.dumps(self._lora_metadata()),
+            "polis_base": self.base_dir or ""}))
+
+    def _lora_metadata(self) -> dict[str, Any] | None:
+        """The LoRA settings the saved tensors are adapters of (None: full fine-tuning)."""
+        lora = getattr(self.optimizer, "lora", None)
+        if lora is None or not getattr(lora, "enabled", False):
+            return None
+        return {"rank": lora.rank, "alpha": float(lora.alpha), "target_modules": list(lora.target_modules),
+                "init_seed": lora.init_seed}
 
     def load_stage_file(self, path: str | Path) -> int:
         """Overlay weights from :meth:`save_stage`'s file; returns its version. The optimiser
