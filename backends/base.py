@@ -274,19 +274,40 @@ class StageBackend(Protocol):
 
 
 class ModelConfigLike(Protocol):
-    """The fields of ``engine.model.config.ModelConfig`` a backend reads."""
+    """The fields of ``engine.model.config.ModelConfig`` a backend reads (read-only: configs are frozen)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    attention_bias: bool
-    tie_word_embeddings: bool
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_key_value_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def rms_norm_eps(self) -> float: ...
+
+    @property
+    def rope_theta(self) -> float: ...
+
+    @property
+    def attention_bias(self) -> bool: ...
+
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
 
 def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperature: float = 1.0,

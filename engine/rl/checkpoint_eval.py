@@ -125,6 +125,7 @@ def _chat_figures(pipeline, codec, task_config: TaskConfig, n: int | None, budge
     items = task.eval_items()[:n]
     prompts = [codec.encode_messages(item.prompt.as_dicts()) for item in items]
     completions = greedy_completions(pipeline, prompts, budget, codec.eos_id)
-    summary = summarise(items, [task.score_tokens(item, ids, codec) for item, ids in zip(items, completions)])
+    summary = summarise(items, [task.score_tokens(item, [int(t) for t in ids], codec)
+                                for item, ids in zip(items, completions)])
     return {"items": summary.items, "strict": summary.strict, "content": summary.content,
             "well_formed": summary.well_formed, "reward": summary.reward}

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(result.out_dir)
     print(f"Exported version {result.version} of run {result.run_id} to {out}")
     for b, a in zip(before, after):
-        content = f", content {100 * b.content:.1f} % -> {100 * a.content:.1f} %" if a.content is not None else ""
+        content = (f", content {100 * b.content:.1f} % -> {100 * a.content:.1f} %"
+                   if a.content is not None and b.content is not None else "")
         print(f"  {a.task}: strict {100 * b.strict:.1f} % -> {100 * a.strict:.1f} %{content} "
               f"({a.items} held-out items)")
     if gguf_path:

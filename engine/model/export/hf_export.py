@@ -101,7 +101,7 @@ def export_version(run_dir: str | Path, out_dir: str | Path, *, version: int | N
                                                  "export it without --adapter")
     staging = staging_dir(out_dir)
     try:
-        if adapter:
+        if adapter and lora is not None:  # (adapter without lora was refused above)
             from engine.model.export.peft_adapter import write_adapter
 
             files = write_adapter(staging, [t for _, t in stages], lora, base.path)
