@@ -101,7 +101,10 @@ class RunConfig:
       lora: LoRA adapters (the default of a real model's demo) or full fine-tuning (``LoraSettings``).
       lr: AdamW learning rate on every stage (LoRA wants about 10x the full-fine-tuning rate).
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
-      activation_encoding: how activations and their gradients travel between stages.
+      activation_encoding: how activations and their gradients travel between stages. int8
+        (per-row scales) suits the tiny base only: a pretrained model's residual stream has outlier
+        channels that per-row int8 crushes (SmolLM2's greedy answers went from 75 % to 0 %);
+        use bf16 for real models.
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured
