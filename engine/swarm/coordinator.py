@@ -110,6 +110,7 @@ class Coordinator:
         self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
         self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)
         self.store.set_meta("run", self.run.to_dict())
+        self.store.set_meta("base_checkpoint", str(self.checkpoint_dir))  # for `polis export` and the card
         self.store.set_meta("num_stages", self.num_stages)
         self.store.set_meta("run_id", self.run_id)
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)

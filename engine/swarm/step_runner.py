@@ -57,7 +57,9 @@ class StepRunner:
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
                                                  timeout_s=step_timeout_s)
         #: staleness (versions) of every group that left the buffer: trained, dropped stale or idle
-        self.staleness_histogram: Counter[int] = Counter()
+        #: kept in the store at every step, so a restarted coordinator and `polis export` see it whole
+        saved_hist = store.get_meta("staleness_histogram", {}) or {}
+        self.staleness_histogram: Counter[int] = Counter({int(k): int(v) for k, v in saved_hist.items()})
         self.step_log: list[dict[str, Any]] = []
         self.update_bytes = 0
         self.dense_update_bytes = 0
@@ -149,6 +151,7 @@ class StepRunner:
         self._failed_once -= set(trained_ids)
         for g in plan.trained:
             self.staleness_histogram[plan.staleness[g]] += 1
+        self.store.set_meta("staleness_histogram", {str(k): v for k, v in sorted(self.staleness_histogram.items())})
         updates = len(plan.minibatches)
         if self.run.eval_every_versions and self.book.version % self.run.eval_every_versions < updates:
             self.evals.request(self.book.version)

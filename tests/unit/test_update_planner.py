@@ -200,6 +200,9 @@ def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_pa
     assert log.dropped_stale == book.counters["dropped_stale"] == 2
     assert book.counters["zero_variance_groups"] == 1 and log.zero_variance_fraction == pytest.approx(1 / len(fresh))
     assert dict(swarm.steps.staleness_histogram) == log.staleness_histogram
+    # the histogram is in the store, so a restarted coordinator (and polis export) sees it whole
+    restarted = StepRunner(run, rules, run_task, store, book, EvalScheduler(run_task, store), swarm)
+    assert dict(restarted.staleness_histogram) == log.staleness_histogram
     assert book.version == TRAINER_VERSION + updates and pipeline.versions() == (TRAINER_VERSION + updates,) * 2
     assert store.rollout_counts() == {"consumed": (len(fresh) - 1) * GROUP_SIZE, "dropped": 3 * GROUP_SIZE}
 
