@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from app.formatting import duration
+
 #: seconds after the last rising counter during which the node still counts as working.
 WORK_RECENT_S = 45.0
 
@@ -80,17 +82,6 @@ def _number(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 class RunState:
@@ -256,7 +247,7 @@ class RunState:
         summary = ""
         if running and (self.working_s > 0 or self.phase == "contributing"):
             rate = f"{self.tokens_per_s:.0f} tokens/s · " if self.tokens_per_s is not None else ""
-            summary = f"{rate}{_clock(self.working_s)} of work this run"
+            summary = f"{rate}{duration(self.working_s)} of work this run"
         return RunView(
             phase=self.phase, headline=headline, detail=detail, color=color, button=button,
             button_action=action_name, button_enabled=enabled, action=action, running=running,

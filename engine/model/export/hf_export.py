@@ -25,7 +25,6 @@ What it does not know: the database schema (``run_record``), evals, the model ca
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from engine.model.importers.output import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     check_out_dir,
+    publish_staged,
     read_json,
     staging_dir,
     write_json,
@@ -115,13 +115,10 @@ def export_version(run_dir: str | Path, out_dir: str | Path, *, version: int | N
         _write_side_files(staging, base.path, record, version, [f for f, _ in stages], lora, adapter)
         if not adapter:
             Checkpoint(staging).check_stage(StageSpec(0, 1, 0, base.config.num_hidden_layers))
-        if out_dir.exists():
-            shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
-        _make_readable(staging)
-        os.replace(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    publish_staged(staging, out_dir)
     log.info("exported version %d of run %s to %s", version, record.run_id, out_dir)
     return ExportResult(out_dir=out_dir, version=version, run_id=record.run_id, base_dir=base.path, shards=shards,
                         stage_sha256=tuple(f.sha256 or "" for f, _ in stages),
@@ -232,13 +229,6 @@ def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version:
         "version": version,
         "lora": lora, "adapter_only": adapter,
         "stages": [{"stage": f.stage, "file": str(f.path), "sha256": f.sha256} for f in files]})
-
-
-def _make_readable(directory: Path) -> None:
-    """mkdtemp makes the staging directory private; an export is for sharing: world-readable."""
-    os.chmod(directory, 0o755)
-    for path in directory.iterdir():
-        os.chmod(path, 0o644)
 
 
 def stage_json(result: ExportResult) -> dict[str, Any]:

@@ -101,6 +101,18 @@ def finish(staging: Path, out_dir: Path, *, name: str, source: str, kind: str, o
     try:
         result = _normalise_and_check(staging, out_dir, name=name, source=source, kind=kind)
         check_out_dir(out_dir, overwrite=overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish_staged(staging, out_dir)
+    return result
+
+
+def publish_staged(staging: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` with the complete ``staging`` directory (made readable as a plain mkdir
+    would be) by one rename; on any failure the staging directory is removed and ``out_dir`` is
+    left as it was, or absent. The one publishing step of ``polis import`` and ``polis export``."""
+    try:
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
         _make_readable(staging)
@@ -108,7 +120,6 @@ def finish(staging: Path, out_dir: Path, *, name: str, source: str, kind: str, o
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return result
 
 
 def _make_readable(directory: Path) -> None:
