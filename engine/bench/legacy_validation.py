@@ -288,8 +288,10 @@ _TOKEN_ROWS = List(List(_TOKEN, min_len=1, max_len=MAX_TOKENS), min_len=1, max_l
 _FLOAT_ROWS = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
 _FLOAT_ROWS_OPT = List(List(Float(-1e4, 1e4), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS, required=False)
 _BOOL_ROWS = List(List(Bool(), max_len=MAX_TOKENS), min_len=1, max_len=MAX_ROWS)
+# eos_id became stop_ids (a short list) after the baseline was frozen; mirrored so both paths read one header
 _GEN_PARAMS = Schema("gen_params", {"max_new_tokens": Int(1, MAX_TOKENS), "temperature": Float(0, 100),
-                                    "top_p": Float(1e-6, 1), "seed": Int(0, 2**63 - 1), "eos_id": _TOKEN})
+                                    "top_p": Float(1e-6, 1), "seed": Int(0, 2**63 - 1),
+                                    "stop_ids": List(_TOKEN, min_len=1, max_len=16)})
 
 COORDINATOR_TO_NODE = SchemaRegistry([
     Schema("train_out", {"step": _STEP, "mb": Int(0, 1 << 20), "route": _ROUTE, "targets": _TOKEN_ROWS,

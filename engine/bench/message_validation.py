@@ -55,7 +55,7 @@ def _act() -> dict[str, Any]:
             "versions": [17], "tensor": {"v": 1, "dtype": "float32", "shape": [128, 1, 64],
                                          "encoding": "int8_rowwise", "params": {"col_scaled": True}},
             "step": 0, "mb": 0, "params": {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "seed": 99,
-                                          "eos_id": 2}}
+                                          "stop_ids": [2]}}
 
 
 def _stats_line() -> str:

@@ -49,10 +49,21 @@ def _assert_next_run_is_normal(sandbox: Sandbox) -> None:
     assert not _sandbox_processes()
 
 
+def _visible_parent() -> Path:
+    """A writable folder the sandbox shows read-only: not under /tmp (the sandbox has its own) nor a
+    home (hidden). The checkout when it is not under either (a clone may live in /tmp), else /var/tmp."""
+    hidden = (Path("/tmp"), Path("/root"), Path("/home"), Path.home())
+    for candidate in (REPO, Path("/var/tmp"), Path("/srv"), Path("/opt")):
+        real = candidate.resolve()
+        if real.is_dir() and os.access(real, os.W_OK) and not any(real.is_relative_to(h) for h in hidden):
+            return real
+    pytest.skip("no writable folder outside /tmp and the homes to test containment with")
+
+
 @pytest.fixture()
 def outside_dir():
-    """A directory outside /tmp (the sandbox has its own /tmp), removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=REPO))
+    """A directory outside /tmp (the sandbox has its own /tmp) and the homes, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=".sandbox-test-", dir=_visible_parent()))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
