@@ -15,12 +15,12 @@ other than ``config.json`` itself.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from engine.model.errors import CheckpointError
+from engine.model.json_file import read_json_object
 
 #: model types this module understands
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -86,15 +86,8 @@ class ModelConfig:
     def from_file(cls, path: str | Path) -> "ModelConfig":
         """Read and validate ``config.json``; any problem is a CheckpointError naming it."""
         path = Path(path)
-        try:
-            size = path.stat().st_size
-            if size > MAX_CONFIG_BYTES:
-                raise CheckpointError(path, f"is {size} bytes; a config.json is at most {MAX_CONFIG_BYTES}")
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CheckpointError(path, "file not found (a checkpoint needs config.json)") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(path, f"not valid JSON ({exc})") from None
+        data = read_json_object(path, max_bytes=MAX_CONFIG_BYTES,
+                                missing="file not found (a checkpoint needs config.json)")
         return cls.from_dict(data, source=path)
 
     @classmethod

@@ -32,6 +32,7 @@ from backends.base import StageSpec
 from engine.model.chat_template import ChatTemplate, ChatTemplateError
 from engine.model.checkpoint import CONFIG_FILE, Checkpoint
 from engine.model.errors import CheckpointError
+from engine.model.json_file import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +67,7 @@ class ImportResult:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; any problem is a CheckpointError naming it."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise CheckpointError(path, f"is {size} bytes, over the {MAX_JSON_BYTES}-byte cap for this file")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(path, "file not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "is not a JSON object")
-    return data
+    return read_json_object(path, max_bytes=MAX_JSON_BYTES)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
