@@ -50,10 +50,11 @@ def _assert_next_run_is_normal(sandbox: Sandbox) -> None:
 
 
 def _visible_parent() -> Path:
-    """A writable folder the sandbox shows read-only: not under /tmp (the sandbox has its own) nor a
-    home (hidden). The checkout when it is not under either (a clone may live in /tmp), else /var/tmp."""
-    hidden = (Path("/tmp"), Path("/root"), Path("/home"), Path.home())
-    for candidate in (REPO, Path("/var/tmp"), Path("/srv"), Path("/opt")):
+    """A writable folder the sandbox shows read-only: not under /tmp or /var/tmp (the sandbox has its
+    own) nor a home (hidden). The checkout when it is not under those (a clone may live in /tmp),
+    else /srv or /opt."""
+    hidden = (Path("/tmp"), Path("/var/tmp"), Path("/root"), Path("/home"), Path.home())
+    for candidate in (REPO, Path("/srv"), Path("/opt")):
         real = candidate.resolve()
         if real.is_dir() and os.access(real, os.W_OK) and not any(real.is_relative_to(h) for h in hidden):
             return real
