@@ -26,30 +26,9 @@ from engine.swarm.run_config import RunConfig
 from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
+from tests.support.recording_links import RecordingLinks
 
 ROUTE = ["peer0000", "peer1111"]
-
-
-class Outbox:
-    """``NodeLinks`` with one generation route whose sends are recorded."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, messages.CoordinatorToNode]] = []
-
-    async def send(self, peer, message):
-        self.sent.append((peer, message))
-        return True
-
-    def routes(self):
-        return [ROUTE]
-
-    gen_routes = routes
-
-    def stage_replicas(self):
-        return [[ROUTE[0]], [ROUTE[1]]]
-
-    def inference_replicas(self):
-        return [[], []]
 
 
 @pytest.fixture()
@@ -57,7 +36,7 @@ def parts(tmp_path):
     codec = TaskCodec.from_dir(base_checkpoint_dir())
     task_config = replace(BASE_TASK, eval_size=EVAL_ROWS + 8)  # two eval jobs
     run = RunConfig(task=task_config, group_size=4, prompts_per_step=2, prompts_per_job=1, generations_in_flight=3)
-    task, store, links = make_task(task_config), Store(tmp_path / "c.db"), Outbox()
+    task, store, links = make_task(task_config), Store(tmp_path / "c.db"), RecordingLinks(ROUTE)
     run_task = DigitRunTask(task, codec)
     book, evals = RunBook(store), EvalScheduler(run_task, store)
     rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True, std_eps=0.5))

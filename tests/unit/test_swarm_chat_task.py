@@ -25,8 +25,9 @@ from engine.swarm.run_config import RunConfig
 from engine.swarm.run_task import ChatRunTask, make_run_task
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
+from tests.support.recording_links import RecordingLinks
 from tests.support.tiny_tied_llama import IM_END, write_tiny_tied_llama
-from tests.unit.test_generation_and_evals import ROUTE, Outbox
+from tests.unit.test_generation_and_evals import ROUTE
 
 pytest.importorskip("reasoning_gym")
 
@@ -45,7 +46,7 @@ def chat(tmp_path, model_dir):
     assert isinstance(task, ChatRunTask)
     run = RunConfig(task=CHAIN_SUM, group_size=2, prompts_per_step=2, prompts_per_job=1, generations_in_flight=2,
                     sampling=SamplingConfig(temperature=0.7, max_new_tokens=48))  # room for a worked answer
-    store, links = Store(tmp_path / "c.db"), Outbox()
+    store, links = Store(tmp_path / "c.db"), RecordingLinks(ROUTE)
     book, evals = RunBook(store), EvalScheduler(task, store)
     generation = GenerationScheduler(run, UpdateRules(objective=ObjectiveConfig()), task, store, book, evals, links,
                                      vocab_size=task.codec.vocab_size)

@@ -23,33 +23,10 @@ from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
+from tests.support.recording_links import RecordingLinks
 
 ROUTE = ["peer-s0", "peer-s1"]
 LIMITS = RolloutLimits(vocab_size=40, stop_ids=frozenset({2}), max_new_tokens=8)
-
-
-class Outbox:
-    """The swarm as the scheduling parts see it; ``on_send`` may answer like a node."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, object]] = []
-        self.on_send = lambda peer, message: None
-
-    async def send(self, peer, message) -> bool:
-        self.sent.append((peer, message))
-        self.on_send(peer, message)
-        return True
-
-    def routes(self):
-        return [ROUTE]
-
-    gen_routes = routes
-
-    def stage_replicas(self):
-        return [[ROUTE[0]], [ROUTE[1]]]
-
-    def inference_replicas(self):
-        return [[], []]
 
 
 def test_check_result_refuses_what_no_honest_sampler_sends_and_cuts_at_the_stop_id():
@@ -70,7 +47,7 @@ def parts(tmp_path):
     codec = TaskCodec.from_dir(base_checkpoint_dir())
     run = RunConfig(group_size=4, prompts_per_step=1, prompts_per_job=1, generations_in_flight=1,
                     updates_per_batch=1, micro_batch_rows=4)
-    task, store, links = DigitRunTask(make_task(run.task), codec), Store(tmp_path / "c.db"), Outbox()
+    task, store, links = DigitRunTask(make_task(run.task), codec), Store(tmp_path / "c.db"), RecordingLinks(ROUTE)
     book, evals = RunBook(store), EvalScheduler(task, store)
     store.record_eval(0, 0.1, 10)  # the "before" eval is done: training may start
     evals.wanted = None
