@@ -8,6 +8,16 @@ tokens and log-probs, and sends the tokens back to stage 0 (``tok``) until every
 row ended or ``max_new_tokens`` is reached; then it reports ``gen_done`` and the
 caches are dropped along the route (``drop``). A one-stage swarm samples in place.
 
+Multi-turn episodes (``engine.swarm.episodes``) continue a job turn after turn: a turn with
+``params.keep_cache`` leaves every stage's KV cache in place, and the next turn (same job id,
+``params.turn`` one higher) sends only the tokens the caches lack, saying how many they hold
+(``params.cached_tokens``). Each stage counts the tokens its cache holds per job and checks that
+count when a new turn of the job reaches it; a stage that holds another count (its cache was
+expired, or it is not the stage the job ran on) fails the job with ``cache miss`` and the
+coordinator recomputes the prefix. ``gen_release`` frees a kept cache along the whole route;
+kept caches also expire like any untouched job, and the oldest go when more than
+``MAX_KEPT_CACHES`` are kept.
+
 Every message is checked before the backend sees it (route, rows, vocabulary);
 a failing job is reported (``job_failed``) instead of killing the node.
 
@@ -27,7 +37,7 @@ from msgspec.structs import replace
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.swarm import messages
-from engine.swarm.messages import Act, Drop, Gen, GenParams, Tok
+from engine.swarm.messages import Act, Drop, Gen, GenParams, GenRelease, Tok
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import forward_encoded, rect
 
@@ -35,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: most generation jobs a stage keeps state for at once
 MAX_JOBS = 1024
+#: most caches kept between the turns of episodes (the oldest is freed first)
+MAX_KEPT_CACHES = 256
 #: what a failing job reports instead of killing the node
 JOB_ERRORS = (ProtocolViolation, NetError, LinkClosed, ValueError, RuntimeError, asyncio.TimeoutError)
 
@@ -70,6 +82,9 @@ class Generation:
         self._first: dict[str, _FirstStageJob] = {}
         self._last: dict[str, _LastStageJob] = {}
         self._mid_touch: dict[str, float] = {}
+        self._cached: dict[str, int] = {}  #: job -> tokens this stage's cache of it holds
+        self._turn: dict[str, int] = {}  #: job -> the turn this stage last ran a step of
+        self._kept: dict[str, float] = {}  #: jobs whose cache waits for a next turn -> when kept
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_gen(self, msg: Gen) -> None:
@@ -80,8 +95,8 @@ class Generation:
 
     def on_tok(self, sender: str, header: Tok, payload: bytes) -> None:
         state = self._first.get(header.job)
-        if state is None:
-            return  # an abandoned job
+        if state is None or header.turn != state.params.turn:
+            return  # an abandoned job, or the end of a turn the coordinator already continued
         if sender != state.route[-1]:
             raise ProtocolViolation(f"tokens for {header.job} from {sender}, not the route's last stage")
         if len(header.tokens) != state.rows:
@@ -89,7 +104,22 @@ class Generation:
         self._spawn(self._tokens(header), header.job, prefix="polis-tok")
 
     def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop), f"polis-drop-{header.job}")
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.through_last),
+                             f"polis-drop-{header.job}")
+
+    def on_release(self, msg: GenRelease) -> None:
+        """The coordinator ends a job that kept its caches: free them here and along the route."""
+        if msg.job in self._first or msg.job in self._last:
+            return  # a turn of it is running: the release is late or mistaken; expiry frees it later
+        if msg.route[0] != self.ctx.peer_id:
+            log.warning("ignored gen_release of %s: this node is not the first stage of its route", msg.job)
+            return
+        self._forget(msg.job)
+        self.ctx.compute.submit(self.ctx.stage.rt.drop, msg.job)
+        if len(msg.route) > 1:
+            self.ctx.tasks.spawn(self.ctx.peers.send(msg.route[1], Drop(job=msg.job, route=msg.route, hop=1,
+                                                                          through_last=True)),
+                                 f"polis-release-{msg.job}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
         self.ctx.tasks.spawn(self._guard(coro, job), f"{prefix}-{job}")
@@ -103,6 +133,36 @@ class Generation:
             log.warning("job %s failed: %s", job, exc)
             await self.ctx.coordinator.send(messages.JobFailed(job=job, reason=str(exc)[:500]))
 
+    # ------------------------------------------------------------------ cache accounting
+    async def _enter(self, job: str, params: GenParams | None, x: np.ndarray) -> None:
+        """Before this stage's forward of ``x`` for ``job``: check its cache at a new turn, count ``x``."""
+        turn = 0 if params is None else params.turn
+        if self._turn.get(job) != turn:
+            want = 0 if params is None else params.cached_tokens
+            held = self._cached.get(job, 0)
+            self._kept.pop(job, None)
+            if want == 0 and held:
+                await self.ctx.compute.run(self.ctx.stage.rt.drop, job)  # a fresh start of a known job
+                held = 0
+            elif want != held:
+                self._forget(job)
+                await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
+                raise ValueError(f"cache miss: this stage holds {held} tokens of the job, the turn expects {want}")
+            self._turn[job] = turn
+            self._cached[job] = held
+        self._cached[job] = self._cached.get(job, 0) + int(x.shape[1])
+
+    def _keep(self, job: str) -> None:
+        self._kept[job] = time.monotonic()
+        while len(self._kept) > MAX_KEPT_CACHES:
+            oldest = min(self._kept, key=self._kept.__getitem__)
+            self._forget(oldest)
+            self.ctx.compute.submit(self.ctx.stage.rt.drop, oldest)
+
+    def _forget(self, job: str) -> None:
+        for book in (self._cached, self._turn, self._kept, self._mid_touch):
+            book.pop(job, None)
+
     # ------------------------------------------------------------------ steps
     async def _start(self, msg: Gen) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
@@ -114,16 +174,24 @@ class Generation:
             raise ProtocolViolation("prompt token id outside the vocabulary")
         if len(self._first) >= MAX_JOBS and msg.job not in self._first:
             raise ProtocolViolation("too many generation jobs in flight")
+        running = self._first.get(msg.job)
+        if running is not None:
+            if msg.params.turn <= running.params.turn:
+                raise ProtocolViolation("a turn of this generation job is still running")
+            del self._first[msg.job]  # its end (tok done) is still on its way; the coordinator has the result
+        await self._enter(msg.job, msg.params, ids)
         self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0])
-        await self._advance(msg.job, ids)
+        await self._advance(msg.job, ids, counted=True)
 
-    async def _advance(self, job: str, x: np.ndarray) -> None:
+    async def _advance(self, job: str, x: np.ndarray, counted: bool = False) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state = self._first[job]
         state.touched = time.monotonic()
         ctx.counters["tokens_generated"] += state.rows
+        if not counted:
+            await self._enter(job, state.params, x)
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
-            await self._sample(job, state.route, state.params, [], x)
+            await self._sample(job, state.route, state.params, [], x, counted=True)
             return
         tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, job, x,
                                                 ctx.stage.run_cfg.activation_encoding)
@@ -140,6 +208,7 @@ class Generation:
         if len(self._mid_touch) >= MAX_JOBS and header.job not in self._mid_touch:
             raise ProtocolViolation("too many generation jobs in flight")
         self._mid_touch[header.job] = time.monotonic()
+        await self._enter(header.job, header.params, x)
         tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header.job, x,
                                                 ctx.stage.run_cfg.activation_encoding)
         hop = header.hop + 1
@@ -147,10 +216,12 @@ class Generation:
                                                         tensor=tensor), payload)
 
     async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
-                      x: np.ndarray) -> None:
+                      x: np.ndarray, counted: bool = False) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         if params is None:
             raise ProtocolViolation("generation step without sampling parameters")
+        if not counted:
+            await self._enter(job, params, x)
         versions = [*versions_so_far, int(rt.version)]
         state = self._last.get(job)
         if state is None:
@@ -174,7 +245,11 @@ class Generation:
         done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
         if done:
             del self._last[job]
-            await ctx.compute.run(rt.drop, job)
+            if params.keep_cache:
+                self._keep(job)
+            else:
+                self._forget(job)
+                await ctx.compute.run(rt.drop, job)
             empty = [params.stop_ids[0]]  # a row that produced nothing reads as an immediate stop
             await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or empty for t in state.tokens],
                                                         logprobs=[lp or [0.0] for lp in state.logprobs],
@@ -185,7 +260,7 @@ class Generation:
             else:
                 self._first.pop(job, None)
             return
-        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done))
+        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done, turn=params.turn))
 
     async def _tokens(self, header: Tok) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -193,6 +268,10 @@ class Generation:
         state = self._first[job]
         if header.done:
             del self._first[job]
+            if state.params.keep_cache:
+                self._keep(job)
+                return
+            self._forget(job)
             await ctx.compute.run(rt.drop, job)
             if len(state.route) > 2:
                 await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1))
@@ -202,19 +281,23 @@ class Generation:
             raise ProtocolViolation("sampled token id outside the vocabulary")
         await self._advance(job, tokens[:, None])
 
-    async def _drop(self, job: str, route: list[str], hop: int) -> None:
-        self._mid_touch.pop(job, None)
+    async def _drop(self, job: str, route: list[str], hop: int, through_last: bool = False) -> None:
+        if job in self._last:
+            return  # a new turn of it is running here
+        self._forget(job)
         await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
-        if hop + 1 < len(route) - 1:
-            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1))
+        if hop + 1 < len(route) - (0 if through_last else 1):
+            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1,
+                                                           through_last=through_last))
 
     # ------------------------------------------------------------------ housekeeping
     def abandon(self) -> None:
         """Forget every job (coordinator lost, or reassigned) and free its caches."""
-        jobs = set(self._first) | set(self._last) | set(self._mid_touch)
+        jobs = set(self._first) | set(self._last) | set(self._mid_touch) | set(self._cached)
         self._first.clear()
         self._last.clear()
-        self._mid_touch.clear()
+        for book in (self._cached, self._turn, self._kept, self._mid_touch):
+            book.clear()
         for job in jobs:
             self.ctx.compute.submit(self.ctx.stage.rt.drop, job)
 
@@ -223,8 +306,9 @@ class Generation:
         stale = [j for j, s in self._first.items() if s.touched < cutoff]
         stale += [j for j, t in self._mid_touch.items() if t < cutoff]
         stale += [j for j, s in self._last.items() if s.touched < cutoff]  # a job whose first stage vanished
+        stale += [j for j, t in self._kept.items() if t < cutoff]  # an episode the coordinator never released
         for job in stale:
             self._first.pop(job, None)
-            self._mid_touch.pop(job, None)
             self._last.pop(job, None)
+            self._forget(job)
             self.ctx.compute.submit(self.ctx.stage.rt.drop, job)

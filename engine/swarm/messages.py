@@ -53,6 +53,9 @@ MAX_WS_MESSAGE_CHARS = 8 * 1024 * 1024
 MAX_PEER_HEADER_BYTES = 64 * 1024
 MAX_ROWS = 4096
 MAX_TOKENS = 4096
+#: most model turns of one episode, and tokens of one episode's context (prompt, turns, observations)
+MAX_TURNS = 64
+MAX_CONTEXT_TOKENS = 1 << 20
 MAX_STAGES = 256
 MAX_PEERS = 4096
 #: most ids that end a completion (a model's EOS ids plus its end-of-turn token)
@@ -107,6 +110,14 @@ class GenParams(WireRecord, frozen=True):
     # the ids that end a completion (EOS ids + the chat template's end-of-turn token); the first is
     # the canonical EOS, written for a row that produced nothing
     stop_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_STOP_IDS)]
+    # multi-turn episodes (engine.swarm.episodes): the job's turn (0-based); a stage that sees a new
+    # turn of a job checks its KV cache before the first step of it
+    turn: Annotated[int, Meta(ge=0, le=MAX_TURNS)] = 0
+    # tokens of this job every stage's cache must already hold at the turn's start (0: start a fresh
+    # cache); a stage whose cache holds another count fails the job with "cache miss"
+    cached_tokens: Annotated[int, Meta(ge=0, le=MAX_CONTEXT_TOKENS)] = 0
+    # keep the caches when the turn ends (a continuation follows; gen_release or expiry frees them)
+    keep_cache: bool = False
 
 
 # ---------------------------------------------------------------- coordinator -> node
@@ -140,6 +151,13 @@ class Gen(WireMessage, frozen=True, tag="gen"):
     route: Route  # one peer per stage
     prompt_ids: TokenRows  # prompt token ids, one row per sequence
     params: GenParams  # sampling settings
+
+
+class GenRelease(WireMessage, frozen=True, tag="gen_release"):
+    """The episode of a job that kept its caches is over: free them along the route."""
+
+    job: JobId  # the job whose caches to free
+    route: Route  # the route it ran on (sent to its first stage)
 
 
 class TrainIn(WireMessage, frozen=True, tag="train_in"):
@@ -184,7 +202,7 @@ class Shutdown(WireMessage, frozen=True, tag="shutdown"):
     reason: Reason  # words for the user
 
 
-CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown]
+CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, GenRelease, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown]
 
 
 # ---------------------------------------------------------------- node -> coordinator
@@ -320,12 +338,14 @@ class Tok(WireMessage, frozen=True, tag="tok"):
     job: JobId  # generation job
     tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row
     done: bool  # the job is finished: free the caches
+    turn: Annotated[int, Meta(ge=0, le=MAX_TURNS)] = 0  # the turn the tokens belong to (GenParams.turn)
 
 
 class Drop(WireMessage, frozen=True, tag="drop"):
     job: JobId  # the job whose caches to free
     route: Route  # one peer per stage
     hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
+    through_last: bool = False  # the last stage frees its cache too (it kept it: gen_release)
 
 
 class Grad(WireMessage, frozen=True, tag="grad"):

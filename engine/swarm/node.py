@@ -145,6 +145,7 @@ class Node:
                 reconnect_max_s=config.reconnect_max_s)
         self._coordinator_handlers: dict[type, Callable[[Any], None]] = {
             messages.Gen: self.generation.on_gen,
+            messages.GenRelease: self.generation.on_release,
             messages.TrainIn: self.training.on_train_in,
             messages.TrainOut: self.training.on_train_out,
             messages.Apply: self.replicas.on_apply,

@@ -22,6 +22,7 @@ FROM_COORDINATOR = [
      "run_id": "r1", "signal_url": "ws://127.0.0.1:1/signal"},
     {"type": "members", "stages": [[PEER], [PEER]], "version": 3, "inference": [PEER]},
     {"type": "gen", "job": "j1", "route": [PEER, PEER], "prompt_ids": [[1, 2, 3]], "params": PARAMS},
+    {"type": "gen_release", "job": "j1", "route": [PEER, PEER]},
     {"type": "train_in", "step": 1, "mb": 0, "route": [PEER], "inputs": [[1, 2]], "prox": True},
     {"type": "train_out", "step": 1, "mb": 0, "route": [PEER], "targets": [[1, 2]], "mask": [[True, False]],
      "behaviour": [[-0.5, -1.0]], "advantages": [0.25], "normaliser": 2.0, "proximal": [[-0.4, -0.9]]},
