@@ -1,7 +1,9 @@
 """Turn scored groups into padded training arrays for keyed log-prob forwards.
 
 A sample ``prompt_ids + completion_ids`` becomes one row: ``inputs = seq[:-1]``,
-``targets = seq[1:]``, with the loss mask on the completion targets only. Rows are
+``targets = seq[1:]``, with the loss mask on the completion targets only (and, in a multi-turn
+episode, only on the model's own tokens of it: ``Sample.loss_mask``; tool and template tokens
+are context, never trained, and their behaviour log-probs are 0 and never enter a ratio). Rows are
 right-padded (harmless under causal attention; padding carries no loss). Micro-batches
 are row slices of one batch, so token-level normalisation uses the batch-wide count.
 
@@ -57,7 +59,7 @@ def build_batch(groups: Sequence[Group], advantages: Sequence[np.ndarray], pad_i
         for sample, a in zip(group.samples, adv):
             seq = np.concatenate([group.prompt_ids, sample.completion_ids])
             stale = int(np.max(current - sample.oldest_versions())) if len(sample.completion_ids) else 0
-            rows.append((seq, len(group.prompt_ids), sample.behaviour_logprobs, float(a), stale))
+            rows.append((seq, len(group.prompt_ids), sample.behaviour_logprobs, float(a), stale, sample.loss_mask))
     if not rows:
         raise ValueError("empty batch")
     rows.sort(key=lambda r: -len(r[0]))
@@ -67,12 +69,12 @@ def build_batch(groups: Sequence[Group], advantages: Sequence[np.ndarray], pad_i
     targets = np.full((n, width), pad_id, dtype=np.int64)
     mask = np.zeros((n, width), dtype=bool)
     behaviour = np.zeros((n, width), dtype=np.float32)
-    for r, (seq, p, blp, _, _) in enumerate(rows):
+    for r, (seq, p, blp, _, _, own) in enumerate(rows):
         length = len(seq) - 1
         inputs[r, :length] = seq[:-1]
         targets[r, :length] = seq[1:]
-        mask[r, p - 1:length] = True
-        behaviour[r, p - 1:length] = blp
+        mask[r, p - 1:length] = True if own is None else np.asarray(own, dtype=bool)
+        behaviour[r, p - 1:length] = np.where(mask[r, p - 1:length], blp, 0.0)
     advantages_arr = np.array([r[3] for r in rows], dtype=np.float32)
     staleness = np.array([r[4] for r in rows], dtype=np.int64)
     return TrainBatch(inputs, targets, mask, behaviour, advantages_arr, staleness)

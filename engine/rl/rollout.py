@@ -59,6 +59,9 @@ class Sample:
     versions: np.ndarray  #: int64 [T, S], policy version of each stage when each token was sampled
     finished: bool  #: emitted EOS within the budget
     reward: float | None = None
+    #: bool [T]: True on the model's own tokens (trained); False on context ids inside the completion
+    #: (a multi-turn episode's tool and template tokens). None: every token is the model's.
+    loss_mask: np.ndarray | None = None
 
     def oldest_versions(self) -> np.ndarray:
         """Per stage, the oldest version that produced any token of this sample."""

@@ -105,7 +105,7 @@ class Coordinator:
         #: the base the run trains (its tokenizer files give the prompts and the stop ids)
         self.checkpoint_dir: Path = base_dir(config.base_checkpoint, self.run.model)
         self.model_config = ModelConfig.from_file(self.checkpoint_dir / "config.json")
-        self.task = make_run_task(self.run.task, self.checkpoint_dir)
+        self.task = make_run_task(self.run.task, self.checkpoint_dir, self.run.env)
         self.model_parameters = self.model_config.num_parameters
         self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
         self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)

@@ -8,7 +8,7 @@ Prompts and scores come from the run's task (``engine.swarm.run_task``). The fir
 base, version 0) runs before any training; later ones when asked (every
 ``eval_every_versions``, at the end, or by an operator). The generation scheduler asks
 :meth:`EvalScheduler.next_batch` for eval work before it dispatches training rollouts, and
-hands back results and failures.
+hands back each job's scores (its episodes', ``engine.swarm.episodes``) and failures.
 
 What it does not know: routes, nodes, messages, training.
 """
@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from engine.swarm.episode_outcome import EvalScore
 from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
@@ -93,14 +94,15 @@ class EvalScheduler:
         self.wanted = None
         log.info("eval of version %d: %d prompts in %d jobs", version, sum(map(len, queue)), len(queue))
 
-    def on_result(self, job_id: str, tokens: Sequence[Sequence[int]], versions: Sequence[int]) -> None:
-        """Score a finished eval job (one completion per prompt); the last one records the round."""
+    def on_scores(self, job_id: str, scores: Sequence[EvalScore], versions: Sequence[int]) -> None:
+        """Record a finished eval job (one score per prompt, its episodes' own); the last one records the round."""
         r = self.round
         if r is None or job_id not in r.pending:
             return
         prompts = r.pending.pop(job_id)
-        for prompt, completion in zip(prompts, tokens):
-            score = self.task.eval_score(prompt, completion)
+        if len(scores) != len(prompts):
+            raise ValueError(f"{len(scores)} scores for {len(prompts)} eval prompts")
+        for score in scores:
             r.strict += score.strict
             r.content += score.content
         r.total += len(prompts)

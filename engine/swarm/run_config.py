@@ -76,6 +76,26 @@ class LoraSettings:
 
 
 @dataclass(frozen=True)
+class EnvSettings:
+    """The environment episodes run in (``engine.envs``), or none: the task alone, one turn each.
+
+    Fields:
+      name: ``""`` (the task's single-turn episodes) or ``calculator`` (the chat task's questions
+        with a calculator tool, ``engine.envs.tool_env``; needs a chat task).
+      max_turns: model turns per episode (a tool-call loop is cut there).
+      max_context_tokens: tokens of an episode's whole context (prompt, turns, observations).
+      max_tool_s: seconds of tool time per episode.
+      tool_use_weight: the reward part paid for a right answer reached with a working tool call.
+    """
+
+    name: Literal["", "calculator"] = ""
+    max_turns: Annotated[int, Meta(ge=1, le=64)] = 4
+    max_context_tokens: Annotated[int, Meta(ge=16, le=1 << 20)] = 1024
+    max_tool_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 10.0
+    tool_use_weight: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.05
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One RL run across the swarm.
 
@@ -99,6 +119,7 @@ class RunConfig:
         row under the weights at the start of the batch (decoupled PPO's anchor).
       max_staleness: rollouts more than this many policy versions behind are dropped (unit: versions).
       lora: LoRA adapters (the default of a real model's demo) or full fine-tuning (``LoraSettings``).
+      env: the environment episodes run in (``EnvSettings``: none, or calculator with its limits).
       lr: AdamW learning rate on every stage (LoRA wants about 10x the full-fine-tuning rate).
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
       activation_encoding: how activations and their gradients travel between stages. int8
@@ -136,6 +157,7 @@ class RunConfig:
     updates_per_batch: Annotated[int, Meta(ge=1, le=64)] = 4
     max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 4
     lora: LoraSettings = field(default_factory=LoraSettings)
+    env: EnvSettings = field(default_factory=EnvSettings)
     # measured in the swarm demo (12.5% -> 100% in 483 s); the in-process recipe uses 2.5e-4
     lr: Annotated[float, Meta(gt=0.0, lt=1.0)] = 3e-4
     max_grad_norm: Annotated[float, Meta(ge=0.0, lt=1e6)] = 1.0

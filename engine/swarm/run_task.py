@@ -18,38 +18,40 @@ The coordinator's schedulers deal in *prompt keys*: plain strings that the repla
 
 Both say which ids end a completion (``stop_ids``, the first is the canonical EOS) and which id
 pads a batch. :func:`make_run_task` picks one from the task's name and the checkpoint's
-tokenizer files. What it does not know: jobs, nodes, messages, the store.
+tokenizer files (and, with an environment named in the run, ``engine.swarm.env_run_task``).
+
+Every rollout is an *episode* (``open_episode``): the scheduler generates a turn after
+``context_ids``, hands the sampled ids to ``step`` and either continues after the ids it returns
+or, when it returns ``None``, takes the finished ``EpisodeOutcome`` (what is stored, trained
+and shown). The two tasks here are the one-turn case: their first turn ends the episode and is
+scored as a completion always was. What it does not know: jobs, nodes, messages, the store.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
 from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
 from engine.rl.tasks.rewards import exact_match, token_reward
+from engine.swarm.episode_outcome import (
+    MAX_LIVE_ITEMS,
+    EpisodeOutcome,
+    EpisodeRun,
+    EvalScore,
+    OneTurnEpisode,
+    one_turn_outcome,
+)
+
+if TYPE_CHECKING:
+    from engine.swarm.env_run_task import EnvRunTask
+    from engine.swarm.run_config import EnvSettings
 
 log = logging.getLogger(__name__)
 
-#: training items kept for scoring (far above what is ever in flight: two batches plus re-queued jobs)
-MAX_LIVE_ITEMS = 16384
-
-
-@dataclass(frozen=True)
-class EvalScore:
-    """One greedy held-out completion's scores, each in [0, 1].
-
-    Fields:
-      strict: the task's own measure (digit tasks: exact match; chat tasks: the answer in tags).
-      content: the answer the text states, format ignored (digit tasks: equal to ``strict``).
-    """
-
-    strict: float
-    content: float
 
 
 class RunTask(Protocol):
@@ -58,6 +60,9 @@ class RunTask(Protocol):
     name: str
     pad_id: int
     stop_ids: tuple[int, ...]  #: ids that end a completion; the first is the canonical EOS
+
+    def open_episode(self, prompt: str, max_new_tokens: int) -> EpisodeRun:
+        """A new episode from a prompt key (train or held-out); turns of at most ``max_new_tokens``."""
 
     def train_prompts(self, seed: int) -> Iterator[str]:
         """An endless seeded stream of training prompt keys (never a held-out one)."""
@@ -105,6 +110,14 @@ class DigitRunTask:
 
     def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
         return prompt, self.codec.decode_lenient(completion_ids)
+
+    def open_episode(self, prompt: str, max_new_tokens: int) -> OneTurnEpisode:
+        def score(ids: Sequence[int], logprobs: Sequence[float]) -> EpisodeOutcome:
+            text = self.codec.decode_lenient(ids)
+            reward = self.reward(prompt, ids)
+            return one_turn_outcome(ids, logprobs, reward, self.eval_score(prompt, ids), {"answer": reward},
+                                    self.task.solve(prompt) or "", text or None, prompt, text)
+        return OneTurnEpisode(self.prompt_ids(prompt), max_new_tokens, score)
 
 
 class ChatRunTask:
@@ -175,18 +188,45 @@ class ChatRunTask:
             answer = ""
         return (item.question if item is not None else prompt), answer
 
+    def open_episode(self, prompt: str, max_new_tokens: int) -> OneTurnEpisode:
+        def score(ids: Sequence[int], logprobs: Sequence[float]) -> EpisodeOutcome:
+            question, text = self.sample_text(prompt, ids)
+            item = self._item(prompt)
+            if item is None:
+                return one_turn_outcome(ids, logprobs, 0.0, EvalScore(0.0, 0.0), {"answer": 0.0}, "", None,
+                                        question, text)
+            s = self.task.score_tokens(item, ids, self.codec)
+            return one_turn_outcome(ids, logprobs, s.reward, EvalScore(float(s.strict), float(s.content)),
+                                    s.parts, item.answer, s.answer, question, text)
+        return OneTurnEpisode(self.prompt_ids(prompt), max_new_tokens, score)
 
-def make_run_task(config: TaskConfig, checkpoint_dir: str | Path) -> DigitRunTask | ChatRunTask:
-    """The run task for ``config`` on the model in ``checkpoint_dir`` (its tokenizer files only).
+
+def make_run_task(config: TaskConfig, checkpoint_dir: str | Path,
+                  env: "EnvSettings | None" = None) -> "DigitRunTask | ChatRunTask | EnvRunTask":
+    """The run task for ``config`` on the model in ``checkpoint_dir`` (its tokenizer files only),
+    in the environment ``env`` names (none: the task's own one-turn episodes).
 
     Raises ``ValueError`` (``CodecError``) when the task and the model's tokenizer do not fit
-    together: a chat task on a character-level base, or a digit task on a BPE model."""
+    together: a chat task on a character-level base, or a digit task on a BPE model, or an
+    environment over a digit task."""
     codec = load_codec(checkpoint_dir)
     if is_chat_task_name(config.name):
         if not isinstance(codec, ChatCodec):
             raise CodecError(f"{config.name} is a chat task for a real model, but {checkpoint_dir} is the "
                              "character-level base; set model (e.g. --set model=smollm2-135m) or --checkpoint")
+        if env is not None and env.name:
+            from engine.envs.contract import EpisodeLimits
+            from engine.envs.tool_env import calculator_environment
+            from engine.swarm.env_run_task import EnvRunTask
+
+            limits = EpisodeLimits(max_turns=env.max_turns, max_context_tokens=env.max_context_tokens,
+                                   max_tool_s=env.max_tool_s)
+            source = make_chat_task(config)
+            return EnvRunTask(calculator_environment(source, tool_use_weight=env.tool_use_weight), codec, limits)
         return ChatRunTask(make_chat_task(config), codec)
+    if env is not None and env.name:
+        raise CodecError(f"the {env.name} environment needs a chat task (e.g. --set task.name=reasoning_gym:"
+                         "basic_arithmetic) on a chat model")
     if not isinstance(codec, TaskCodec):
         raise CodecError(f"{config.name} is a digit task for the character-level base, but {checkpoint_dir} has a "
                          "BPE tokenizer; choose a chat task (e.g. --set task.name=reasoning_gym:chain_sum)")

@@ -8,8 +8,12 @@ vocabulary, cut at the first stop id, log-probs <= 0, no version from the future
 result flags its generator and its prompts are queued again). Rewards are computed here from the returned
 token ids (never trusted from a node), with the update planner's advantage rule
 (``engine.rl.update``) for the record; every completed rollout is written to SQLite at once,
-so none is ever lost. Each rollout keeps the version every stage served it with; staleness
-is counted from those when it is trained (``engine.swarm.step_runner``).
+so none is ever lost. Every rollout is an episode of the run's task (``engine.swarm.run_task``):
+a job's rows are episodes, and an episode that goes on after its turn (an environment with
+tools) is continued by ``engine.swarm.episodes``; a group is scored and stored when all its
+episodes have ended, with its loss mask (model ids 1, observation ids 0). Each rollout keeps
+the oldest version every stage served it with over its turns; staleness is counted from those
+when it is trained (``engine.swarm.step_runner``).
 
 A job whose route loses a node, times out or comes back malformed is failed and its prompts
 are queued again. It reaches nodes only through ``NodeLinks.send`` and never sees
@@ -22,12 +26,13 @@ import itertools
 import logging
 import time
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
+from engine.swarm.episode_outcome import EpisodeOutcome
+from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewards
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
@@ -41,15 +46,20 @@ log = logging.getLogger(__name__)
 MAX_SAMPLES = 6
 #: longest question / answer text of a kept sample (characters)
 MAX_SAMPLE_CHARS = 400
+#: turns of a kept sample's transcript (the last ones)
+MAX_SAMPLE_TURNS = 8
+#: finished training episodes kept for the shortcut monitor (``engine.swarm.rollout_monitor``)
+MAX_OUTCOMES = 512
 
 
-@dataclass
-class GenJob:
-    job: str
-    route: list[str]
-    prompts: list[str]  #: prompts of one token length (train: each sampled group_size times)
-    kind: str  #: "train" or "eval"
-    dispatched: float = field(default_factory=time.monotonic)
+def sample_record(outcome: EpisodeOutcome, version: int) -> dict:
+    """A finished episode as the stats API shows it: the question, every turn after it, the reward."""
+    final = next((text for role, text in reversed(outcome.transcript) if role == "assistant"), "")
+    return {"prompt": outcome.question[-MAX_SAMPLE_CHARS:], "answer": final[:MAX_SAMPLE_CHARS],
+            "reward": round(float(outcome.reward), 4), "version": int(version),
+            "turns": [{"role": role, "text": text[:MAX_SAMPLE_CHARS]}
+                      for role, text in outcome.transcript[-MAX_SAMPLE_TURNS:]],
+            "tool_calls": outcome.tool_calls, "cuts": list(outcome.cuts)}
 
 
 class GenerationScheduler:
@@ -72,12 +82,16 @@ class GenerationScheduler:
         self._retry_prompts: deque[str] = deque()
         self._length_buckets: dict[int, list[str]] = defaultdict(list)
         self._job_ids = itertools.count(int(time.time() * 1000) % 10**9)
-        self.jobs: dict[str, GenJob] = {}
+        self.jobs: dict[str, TurnJob] = {}
         self.received_rollouts = 0
         #: rollouts scored per peer that was on their generation route (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
         #: the latest scored completions, one per job: question, answer, reward, version (newest last)
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
+        #: the latest finished training episodes' outcomes (for the shortcut monitor)
+        self.outcomes: deque = deque(maxlen=MAX_OUTCOMES)
+        self.turns = TurnDriver(links, self.jobs, book.counters, params=self._params,
+                                on_batch_done=self._batch_done, on_batch_failed=self._batch_failed)
 
     def _next_job_id(self, kind: str) -> str:
         return f"{kind[0]}{next(self._job_ids)}"
@@ -99,29 +113,43 @@ class GenerationScheduler:
                     self._fail_job(message.job, "first stage unreachable")
                     break
 
+    def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
+        """Sampling settings of a job's turn (evals decode greedily); the seed follows the job id."""
+        greedy = kind == "eval"
+        seed = int(np.random.default_rng([self.run.seed, *job_id.encode()]).integers(2**62))
+        return messages.GenParams(max_new_tokens=max_new_tokens,
+                                  temperature=0.0 if greedy else self.run.sampling.temperature,
+                                  top_p=1.0 if greedy else self.run.sampling.top_p, seed=seed,
+                                  stop_ids=list(self.task.stop_ids))
+
     def _next_job(self, route: list[str]) -> messages.Gen | None:
-        temperature, top_p = self.run.sampling.temperature, self.run.sampling.top_p
+        max_new = self.run.sampling.max_new_tokens
         prompts = self.evals.next_batch()
         if prompts is not None:
-            job = GenJob(self._next_job_id("eval"), route, prompts, "eval")
-            self.evals.dispatched(job.job, prompts)
-            ids = [self.task.prompt_ids(p) for p in prompts]
-            temperature, top_p = 0.0, 1.0  # greedy
+            job_id = self._next_job_id("eval")
+            self.evals.dispatched(job_id, prompts)
+            batches = [EpisodeBatch(job_id, "eval", prompts, [self.task.open_episode(p, max_new) for p in prompts],
+                                    [None] * len(prompts))]
+            rows = [(batches[0], i) for i in range(len(prompts))]
         elif self.evals.baseline_running() or self.book.finished or \
                 self.store.ready_group_count() + self._train_groups_in_flight() >= 2 * self.run.prompts_per_step:
             return None  # rollouts of version 0 wait for the "before" eval; the buffer holds two batches
         else:
             prompts = self._next_prompt_batch()
-            job = GenJob(self._next_job_id("train"), route, prompts, "train")
-            ids = [self.task.prompt_ids(p) for p in prompts for _ in range(self.run.group_size)]
-        seed = int(np.random.default_rng([self.run.seed, int(job.job[1:])]).integers(2**62))
+            job_id = self._next_job_id("train")
+            g = self.run.group_size
+            batches = [EpisodeBatch(f"{job_id}:{k}", "train", [p],
+                                    [self.task.open_episode(p, max_new) for _ in range(g)], [None] * g)
+                       for k, p in enumerate(prompts)]
+            rows = [(b, i) for b in batches for i in range(g)]
+        job = TurnJob(job_id, route, batches[0].kind, rows, prompts=prompts)
         self.jobs[job.job] = job
-        params = messages.GenParams(max_new_tokens=self.run.sampling.max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=seed, stop_ids=list(self.task.stop_ids))
-        return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=params)
+        ids = [list(b.episodes[i].context_ids) for b, i in rows]
+        budget = min(b.episodes[i].budget for b, i in rows)
+        return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=self._params(job.kind, job.job, budget))
 
     def _train_groups_in_flight(self) -> int:
-        return sum(len(j.prompts) for j in self.jobs.values() if j.kind == "train")
+        return len({id(b) for j in self.jobs.values() if j.kind == "train" for b, _ in j.rows})
 
     def _next_prompt_batch(self) -> list[str]:
         """``prompts_per_job`` prompts of one token length (re-queued ones first)."""
@@ -141,7 +169,7 @@ class GenerationScheduler:
         if job is None or sender != job.route[-1]:
             self.book.counters["unexpected_results"] += 1
             return
-        rows = len(job.prompts) * (1 if job.kind == "eval" else self.run.group_size)
+        rows = len(job.rows)
         if len(m.tokens) != rows or len(m.logprobs) != rows or len(m.versions) != len(job.route) or \
                 any(len(t) != len(lp) for t, lp in zip(m.tokens, m.logprobs)):
             self.book.counters["malformed_results"] += 1
@@ -160,34 +188,40 @@ class GenerationScheduler:
         counters = self.book.counters  # wall time from dispatch to the last token, per kind of job
         counters[f"{job.kind}_job_seconds"] += time.monotonic() - job.dispatched
         counters[f"{job.kind}_jobs_done"] += 1
-        if job.kind == "eval":
-            self.evals.on_result(job.job, m.tokens, m.versions)
-        else:
-            self._score_groups(job, m)
+        for peer in set(job.route):
+            self.scored_by_peer[peer] += len(job.rows) if job.kind == "train" else 0
+        self.turns.on_turn(job, m.tokens, m.logprobs, m.versions, self.limits.stop_ids)
 
-    def _score_groups(self, job: GenJob, m: messages.GenDone) -> None:
-        g = self.run.group_size
-        rewards = np.array([[self.task.reward(prompt, t) for t in m.tokens[k * g:(k + 1) * g]]
-                            for k, prompt in enumerate(job.prompts)])
-        adv, _ = self.rules.advantages(rewards)
-        min_version = min(m.versions)
-        rows = []
-        for k, prompt in enumerate(job.prompts):
-            sl = slice(k * g, (k + 1) * g)
-            rows += [dict(group_id=f"{job.job}:{k}", prompt=prompt, tokens=t, behaviour_logprobs=lp,
-                          versions=m.versions, min_version=min_version, reward=float(r), advantage=float(a))
-                     for t, lp, r, a in zip(m.tokens[sl], m.logprobs[sl], rewards[k], adv[k])]
+    def _batch_done(self, b: EpisodeBatch) -> None:
+        """Every episode of ``b`` ended: record an eval job, or score and store a training group."""
+        outcomes = [ep.outcome for ep in b.episodes]
+        assert all(o is not None for o in outcomes)
+        versions = [v if v is not None else [self.book.version] for v in b.versions]
+        if b.kind == "eval":
+            lowest = [min(v[s] for v in versions) for s in range(len(versions[0]))]
+            self.evals.on_scores(b.key, [o.score for o in outcomes], lowest)  # type: ignore[union-attr]
+            return
+        rewards = batch_rewards(b)
+        adv, _ = self.rules.advantages(rewards[None, :])
+        rows = [dict(group_id=b.key, prompt=b.prompts[0], tokens=o.completion_ids, behaviour_logprobs=o.logprobs,
+                     loss_mask=o.loss_mask, versions=v, min_version=min(v), reward=float(r), advantage=float(a))
+                for o, v, r, a in zip(outcomes, versions, rewards, adv[0])]  # type: ignore[union-attr]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
-        question, answer = self.task.sample_text(job.prompts[0], m.tokens[0])
-        self.samples.append({"prompt": question[-MAX_SAMPLE_CHARS:], "answer": answer[:MAX_SAMPLE_CHARS],
-                             "reward": round(float(rewards[0, 0]), 4), "version": int(min_version)})
-        for peer in set(job.route):
-            self.scored_by_peer[peer] += len(rows)
+        self.outcomes.extend(outcomes)
+        first = outcomes[0]
+        assert first is not None
+        self.samples.append(sample_record(first, min(versions[0])))
         counters = self.book.counters
-        counters["completion_tokens"] += sum(len(t) for t in m.tokens)
+        counters["completion_tokens"] += sum(sum(o.loss_mask) for o in outcomes if o is not None)
         counters["reward_sum"] += float(rewards.sum())
         counters["reward_count"] += rewards.size
+
+    def _batch_failed(self, b: EpisodeBatch) -> None:
+        if b.kind == "train":
+            self._retry_prompts.extend(b.prompts)
+        else:
+            self.evals.on_failed(b.key)
 
     def on_job_failed(self, sender: str, job_id: str, reason: str) -> None:
         """A node on the job's route reports it failed (reports from elsewhere are ignored)."""
@@ -196,11 +230,15 @@ class GenerationScheduler:
             self._fail_job(job_id, reason)
 
     def _fail_job(self, job_id: str, reason: str) -> None:
+        if self.turns.on_failed(job_id, reason):
+            return  # a continuation: retried (or its batch given up) by the turn driver
         job = self.jobs.pop(job_id, None)
         if job is None:
             return
         self.book.counters["failed_jobs"] += 1
         log.info("job %s failed (%s); its prompts are queued again", job_id, reason)
+        for b, _ in job.rows:
+            b.closed = True
         if job.kind == "train":
             self._retry_prompts.extend(job.prompts)
         else:

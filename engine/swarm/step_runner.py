@@ -96,7 +96,8 @@ class StepRunner:
                 tokens = np.asarray(r.tokens, dtype=np.int64)
                 group.samples.append(Sample(completion_ids=tokens, behaviour_logprobs=r.behaviour_logprobs,
                                             versions=np.tile(np.asarray(r.versions, dtype=np.int64), (len(tokens), 1)),
-                                            finished=any(t in stops for t in r.tokens), reward=r.reward))
+                                            finished=any(t in stops for t in r.tokens), reward=r.reward,
+                                            loss_mask=r.loss_mask))
             groups.append(group)
             ids.append([r.id for r in rollouts])
         return groups, ids

@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT NULL, prompt TEXT NOT NULL,
     tokens TEXT NOT NULL, behaviour_logprobs BLOB NOT NULL, versions TEXT NOT NULL,
     min_version INTEGER NOT NULL, reward REAL NOT NULL, advantage REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'ready', created_at REAL NOT NULL);
+    state TEXT NOT NULL DEFAULT 'ready', created_at REAL NOT NULL, loss_mask BLOB);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts(state, min_version);
 CREATE TABLE IF NOT EXISTS versions (
     version INTEGER PRIMARY KEY, created_at REAL NOT NULL, reward_mean REAL,
@@ -70,6 +70,18 @@ class StoredRollout:
     min_version: int
     reward: float
     advantage: float
+    #: 1 on the model's own tokens (trained), 0 on context (tool, observation, template) ids; None: all 1
+    loss_mask: np.ndarray | None = None
+
+
+def _mask_blob(mask: Any, tokens: int) -> bytes | None:
+    """A loss mask as stored (one byte per token), or None when every token is the model's."""
+    if mask is None:
+        return None
+    arr = np.asarray(mask, dtype=np.uint8)
+    if arr.shape != (tokens,) or arr.max(initial=0) > 1:
+        raise ValueError(f"a loss mask is one 0/1 per token ({tokens}), got shape {arr.shape}")
+    return None if arr.all() else arr.tobytes()
 
 
 class Store:
@@ -87,6 +99,8 @@ class Store:
             self._db.execute("ALTER TABLE peers ADD COLUMN role TEXT")
         if "content" not in {row[1] for row in self._db.execute("PRAGMA table_info(evals)")}:
             self._db.execute("ALTER TABLE evals ADD COLUMN content REAL")  # before chat tasks: additive too
+        if "loss_mask" not in {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}:
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN loss_mask BLOB")  # before multi-turn episodes
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -153,7 +167,7 @@ class Store:
     # -- rollouts (replay buffer contents) -----------------------------------------
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
         """Insert scored samples (state 'ready'); each dict has the fields of
-        :class:`StoredRollout` but ``id``."""
+        :class:`StoredRollout` but ``id`` (``loss_mask`` optional: without it every token is the model's)."""
         ids, groups = [], []
         now = time.time()
         self._db.execute("BEGIN")
@@ -161,11 +175,11 @@ class Store:
             for r in rollouts:
                 cur = self._db.execute(
                     "INSERT INTO rollouts(group_id, prompt, tokens, behaviour_logprobs, versions, min_version, "
-                    "reward, advantage, created_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "reward, advantage, created_at, loss_mask) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (r["group_id"], r["prompt"], json.dumps([int(t) for t in r["tokens"]]),
                      np.asarray(r["behaviour_logprobs"], dtype=np.float32).tobytes(),
                      json.dumps([int(v) for v in r["versions"]]), int(r["min_version"]),
-                     float(r["reward"]), float(r["advantage"]), now))
+                     float(r["reward"]), float(r["advantage"]), now, _mask_blob(r.get("loss_mask"), len(r["tokens"]))))
                 ids.append(int(cur.lastrowid))
                 groups.append(r["group_id"])
             self._db.execute("COMMIT")
@@ -177,11 +191,12 @@ class Store:
 
     def ready_rollouts(self, limit: int) -> list[StoredRollout]:
         rows = self._db.execute(
-            "SELECT id, group_id, prompt, tokens, behaviour_logprobs, versions, min_version, reward, advantage "
-            "FROM rollouts WHERE state = 'ready' ORDER BY id LIMIT ?", (int(limit),)).fetchall()
+            "SELECT id, group_id, prompt, tokens, behaviour_logprobs, versions, min_version, reward, advantage, "
+            "loss_mask FROM rollouts WHERE state = 'ready' ORDER BY id LIMIT ?", (int(limit),)).fetchall()
         return [StoredRollout(id=r[0], group_id=r[1], prompt=r[2], tokens=json.loads(r[3]),
                               behaviour_logprobs=np.frombuffer(r[4], dtype=np.float32).copy(),
-                              versions=json.loads(r[5]), min_version=r[6], reward=r[7], advantage=r[8])
+                              versions=json.loads(r[5]), min_version=r[6], reward=r[7], advantage=r[8],
+                              loss_mask=None if r[9] is None else np.frombuffer(r[9], dtype=np.uint8).astype(bool))
                 for r in rows]
 
     def ready_group_count(self) -> int:

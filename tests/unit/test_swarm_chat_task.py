@@ -112,7 +112,9 @@ def test_rewards_are_the_tasks_scores_of_the_sampled_ids(chat):
     assert rewards == pytest.approx([1.0 + CHAIN_SUM.format_weight, 1.0])
     # a person reads the question (not the template) and the answer text (without the stop token)
     assert list(generation.samples) == [{"prompt": task._live[prompt].question, "answer": f"<answer>{answer}</answer>",
-                                         "reward": pytest.approx(1.0 + CHAIN_SUM.format_weight), "version": 0}]
+                                         "reward": pytest.approx(1.0 + CHAIN_SUM.format_weight), "version": 0,
+                                         "turns": [{"role": "assistant", "text": f"<answer>{answer}</answer>"}],
+                                         "tool_calls": 0, "cuts": []}]
 
 
 def test_a_task_that_does_not_fit_the_models_tokenizer_is_refused_with_what_to_do(model_dir):
