@@ -27,7 +27,6 @@ What it does not know: how results are checked or scored into advantages, the st
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import Counter
@@ -102,7 +101,6 @@ class TurnDriver:
         self._params = params  #: (kind, job seed key, max_new_tokens) -> sampling settings
         self._done, self._failed = on_batch_done, on_batch_failed
         self._kept: dict[tuple[str, int], _Kept] = {}
-        self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -184,7 +182,9 @@ class TurnDriver:
                 self._release(b.key, i)
             load = Counter(tuple(j.route) for j in self.jobs.values())
             route = min(routes, key=lambda r: load[tuple(r)])
-            job_id, cached, prompt = f"c{next(self._ids)}-{b.kind[0]}{i}", 0, list(context)
+            # named for its episode; a retry gets a new name (the failed turn may still run somewhere)
+            job_id = f"{b.key}.{i}" if not b.failures else f"{b.key}.{i}.r{b.failures}"
+            cached, prompt = 0, list(context)
             self.counters["turns_recomputed"] += 1
         params = replace(self._params(b.kind, job_id, ep.budget), turn=turn, cached_tokens=cached, keep_cache=True)
         self.jobs[job_id] = TurnJob(job_id, route, b.kind, [(b, i)], turn=turn, keep=True)
