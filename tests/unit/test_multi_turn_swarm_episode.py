@@ -188,7 +188,7 @@ def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_a
         run, UpdateRules(objective=run.objective), task, store, book, evals, links, vocab_size=codec.vocab_size)
 
     async def scenario():
-        for stage, (peer, node) in enumerate(nodes.items()):
+        for stage, node in enumerate(nodes.values()):
             await node.start_compute()
             node.on_coordinator(messages.decode_from_coordinator(json.dumps(
                 {"type": "members", "stages": [[P0], [P1]], "version": 0})))
