@@ -52,6 +52,7 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
+from engine.swarm.rollout_monitor import RolloutMonitor
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.run_task import make_run_task
@@ -127,6 +128,7 @@ class Coordinator:
         self.generation = GenerationScheduler(self.run, rules, self.task, self.store, self.book, self.evals,
                                               self.members, job_timeout_s=config.job_timeout_s,
                                               vocab_size=self.model_config.vocab_size)
+        self.monitor = RolloutMonitor()
         self.steps = StepRunner(self.run, rules, self.task, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
@@ -164,6 +166,7 @@ class Coordinator:
         for session in list(self.sessions.values()):
             await session.ws.close()
         await self.signalling.close()
+        self.generation.turns.close()
         if self._runner is not None:
             await self._runner.cleanup()
         self.store.close()
@@ -175,6 +178,7 @@ class Coordinator:
             try:
                 self.generation.expire_jobs()
                 await self.generation.fill()
+                self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions, self.store.evals)
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -367,7 +371,8 @@ class Coordinator:
                          for v in self.store.versions()],
             "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
-            "samples": list(generation.samples),
+            "samples": list(generation.samples), "monitor": self.monitor.figures,
+            "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
