@@ -192,11 +192,30 @@ class EvalPoint(_Strict, frozen=True):
     content: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None  # a chat task: the content-only score
 
 
+class TurnRow(_Strict, frozen=True):
+    role: Literal["assistant", "tool", "user"]  # who wrote the turn (the model, a tool, the environment)
+    text: Text  # the turn's text (capped)
+
+
 class SampleRow(_Strict, frozen=True):
     prompt: Text  # the question as a person reads it (capped by the coordinator)
-    answer: Text  # what the model wrote (capped)
+    answer: Text  # what the model wrote (capped); in an episode of several turns, its final turn
     reward: Annotated[float, Meta(ge=-1e6, le=1e6)]  # the reward the coordinator gave it
     version: Version  # the oldest policy version that wrote it
+    turns: Annotated[list[TurnRow], Meta(max_length=16)] = []  # every turn after the question (multi-turn)
+    tool_calls: Annotated[int, Meta(ge=0, le=1 << 20)] = 0  # tool calls the episode made
+
+
+class MonitorRow(_Strict, frozen=True):
+    """The coordinator's reward-hacking monitor (``engine.swarm.rollout_monitor``), in brief."""
+
+    episodes: Annotated[int, Meta(ge=0, le=1 << 30)]  # training episodes it looked at
+    mean_turns: Annotated[float, Meta(ge=0.0, le=1e6)]  # model turns per episode
+    mean_tool_calls: Annotated[float, Meta(ge=0.0, le=1e6)]  # tool calls per episode
+    commonest_share: Annotated[float, Meta(ge=0.0, le=1.0)]  # share of the commonest answer given
+    gold_share: Annotated[float, Meta(ge=0.0, le=1.0)]  # share of the commonest gold answer
+    turn_cut_share: Annotated[float, Meta(ge=0.0, le=1.0)]  # episodes cut by the turn limit
+    suspicious: Annotated[list[Name], Meta(max_length=8)] = []  # the tells that are on
 
 
 class RewardPoint(_Strict, frozen=True):
@@ -222,6 +241,7 @@ class SwarmEvent(_Event, frozen=True, tag="swarm"):
     model_parameters: Annotated[int, Meta(ge=0, le=1 << 50)] | None = None  # its size
     task: Name | None = None  # e.g. "reasoning_gym:chain_sum"
     samples: Annotated[list[SampleRow], Meta(max_length=16)] = []  # latest scored completions, newest last
+    monitor: MonitorRow | None = None  # the reward-hacking monitor's figures (None: none yet)
 
 
 class LogEvent(_Event, frozen=True, tag="log"):

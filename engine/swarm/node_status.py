@@ -34,6 +34,8 @@ STATS_TIMEOUT_S = 5.0
 MAX_EVALS, MAX_VERSIONS, MAX_SAMPLES = 200, 500, 4
 #: longest sample text passed on (characters; the protocol's Text cap is 1000)
 MAX_SAMPLE_CHARS = 400
+#: turns of a multi-turn sample the event carries (the last ones)
+MAX_SAMPLE_TURNS = 8
 
 
 class NodeStatus:
@@ -116,6 +118,7 @@ class NodeStatus:
                       model_parameters=int(stats["model_parameters"]) if stats.get("model_parameters") else None,
                       task=str(stats.get("task") or "")[:200] or None,
                       samples=[_sample(s) for s in (stats.get("samples") or [])[-MAX_SAMPLES:]],
+                      monitor=_monitor(stats.get("monitor")),
                       reward=[{"version": int(v["version"]), "reward": float(v["reward"] or 0.0)}
                               for v in stats["versions"][-MAX_VERSIONS:]],
                       stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]),
@@ -143,5 +146,20 @@ class NodeStatus:
 
 def _sample(row: dict[str, Any]) -> dict[str, Any]:
     """One of the coordinator's sample completions as the ``swarm`` event carries it (text capped)."""
+    turns = [{"role": str(t["role"]), "text": str(t["text"])[:MAX_SAMPLE_CHARS]} for t in (row.get("turns") or [])
+             if t.get("role") in ("assistant", "tool", "user")][-MAX_SAMPLE_TURNS:]
     return {"prompt": str(row["prompt"])[-MAX_SAMPLE_CHARS:], "answer": str(row["answer"])[:MAX_SAMPLE_CHARS],
-            "reward": float(row["reward"]), "version": int(row["version"])}
+            "reward": float(row["reward"]), "version": int(row["version"]),
+            **({"turns": turns, "tool_calls": int(row.get("tool_calls") or 0)} if len(turns) > 1 else {})}
+
+
+def _monitor(figures: Any) -> dict[str, Any] | None:
+    """The monitor's figures as the ``swarm`` event carries them (None before any episode)."""
+    if not isinstance(figures, dict) or not figures.get("episodes"):
+        return None
+    return {"episodes": int(figures["episodes"]), "mean_turns": float(figures["mean_turns"]),
+            "mean_tool_calls": float(figures["mean_tool_calls"]),
+            "commonest_share": float(figures["shortcut"]["commonest_share"]),
+            "gold_share": float(figures["shortcut"]["gold_share"]),
+            "turn_cut_share": float(figures["tool_loops"]["turn_cut_share"]),
+            "suspicious": [str(x)[:200] for x in figures.get("suspicious", [])][:8]}
