@@ -57,6 +57,12 @@ REAL_MODEL_SETTINGS = (
     "lr=5e-05", "sampling.max_new_tokens=48",
     "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
 )
+#: ``--env calculator``: questions a 135M model cannot do in its head (two or three terms of 3-4 digits,
+#: DESIGN §9), answered with a calculator tool over up to 4 turns; 64 new tokens a turn (a tool call
+#: line is about 30), rollouts of the episode's whole context up to 1024 tokens
+ENV_TASKS = {"calculator": ("reasoning_gym:chain_sum",
+                            {"min_terms": 2, "max_terms": 3, "min_digits": 3, "max_digits": 4})}
+ENV_SETTINGS = ("env.max_turns=4", "env.max_context_tokens=1024", "sampling.max_new_tokens=64")
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
 REAL_MODEL_TIMEOUT_S = 600.0
 #: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
@@ -76,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default=None,
                         help=f"the task (default: the base's digit task; {REAL_MODEL_TASK} with --model), "
                              "e.g. reasoning_gym:chain_sum")
+    parser.add_argument("--env", default="", choices=["", *ENV_TASKS],
+                        help="run episodes in an environment with tools (calculator: multi-turn, a calculator "
+                             "tool, on 3-4 digit sums unless --task says otherwise; needs --model)")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="training time budget in minutes (default 8; the whole demo stays under 10)")
     parser.add_argument("--max-versions", type=int, default=0, help="stop at this policy version (0: time only)")
@@ -263,6 +272,11 @@ def real_model_settings(args: argparse.Namespace) -> list[str]:
             settings.append(f"task.options={json.dumps(REAL_MODEL_TASK_OPTIONS)}")
     elif args.task:
         settings.append(f"task.name={args.task}")
+    if getattr(args, "env", ""):
+        task, options = ENV_TASKS[args.env]
+        settings += [f"env.name={args.env}", *ENV_SETTINGS]
+        if not args.task:
+            settings += [f"task.name={task}", f"task.options={json.dumps(options)}"]
     return settings + list(args.set)
 
 
@@ -298,6 +312,9 @@ def run(args: argparse.Namespace) -> int:
         swarm.start()
         stats = _watch(swarm, args, started, out)
         summary = _summary(stats, time.monotonic() - started, args)
+        if args.env:
+            swarm.stop()  # the base's no-tool eval below wants the cores
+            summary["eval_without_tool_before"] = _without_tool(run_dir, out)
         _print_table(summary, stats, out)
         if args.json:
             print(json.dumps(summary))
@@ -371,7 +388,44 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
                                         if stats["dense_update_bytes"] else None),
         "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],
         "eval_curve": [[e["version"], e["accuracy"], e.get("content")] for e in evals],
+        **_episode_summary(stats, steps),
     }
+
+
+def _episode_summary(stats: dict[str, Any], steps: list) -> dict[str, Any]:
+    """Turns, tool calls, the monitor's figures and the time split of the run's episodes (``--env``)."""
+    monitor = stats.get("monitor") or {}
+    if not stats.get("env"):
+        return {}
+    counters = stats["counters"]
+    episodes = max(counters.get("reward_count", 0), 1)
+    return {"env": stats["env"], "mean_turns": monitor.get("mean_turns"),
+            "mean_tool_calls": monitor.get("mean_tool_calls"), "monitor": monitor,
+            # seconds per training episode: generation (its jobs' wall time over the episodes they carried,
+            # jobs overlapping), tool (in the environment), training (step time over the episodes trained)
+            "episode_seconds": {"generation": round(counters.get("train_job_seconds", 0.0) / episodes, 3),
+                                "tool": monitor.get("mean_tool_s"),
+                                "stepping": round(counters.get("episode_step_seconds", 0.0) / episodes, 4),
+                                "training": round(sum(s["seconds"] for s in steps) /
+                                                  max(sum(s.get("samples", 0) for s in steps), 1), 3)},
+            "turns_from_cache": counters.get("turns_from_cache", 0),
+            "turns_recomputed": counters.get("turns_recomputed", 0)}
+
+
+def _without_tool(run_dir: Path, out) -> dict[str, Any]:
+    """The base on the same held-out questions without the tool (its plain task: one turn, greedy)."""
+    from engine.rl.checkpoint_eval import evaluate_checkpoint
+    from engine.swarm.run_config import run_config_from_dict
+    from engine.swarm.store import Store
+
+    store = Store(run_dir / "coordinator.db")
+    try:
+        run, base = run_config_from_dict(store.get_meta("run")), store.get_meta("base_checkpoint")
+    finally:
+        store.close()
+    print("Scoring the base on the same held-out questions without the tool...", file=out, flush=True)
+    result = evaluate_checkpoint(base, run.task)
+    return {"strict": result.strict, "content": result.content, "items": result.items, "seconds": result.seconds}
 
 
 def _mean_of(counters: dict[str, Any], kind: str) -> float | None:
@@ -395,6 +449,12 @@ def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     if chat:
         b, a = summary["eval_before_content"], summary["eval_after_content"]
         print(f"  content only (the stated answer, tags ignored): {fmt(b)} -> {fmt(a)}", file=out)
+    if summary.get("env"):
+        plain = summary.get("eval_without_tool_before") or {}
+        print(f"  the base without the tool (same questions)    {fmt(plain.get('strict'))}", file=out)
+        print(f"Episodes: {summary['mean_turns']} turns and {summary['mean_tool_calls']} tool calls each (latest "
+              f"{(summary['monitor'] or {}).get('episodes', 0)}); seconds each: {summary['episode_seconds']}; "
+              f"monitor tells on: {(summary['monitor'] or {}).get('suspicious') or 'none'}", file=out)
     print(f"Run: {summary['seconds']:.0f} s, {summary['nodes']} nodes, {summary['stages']} stages, "
           f"{summary['tokens_generated']} tokens generated, {summary['bytes_on_wire'] / 1e6:.1f} MB on the wire, "
           f"rollouts lost: {summary['rollouts_lost']}", file=out)

@@ -80,3 +80,15 @@ def test_the_real_model_demo_trains_lora_on_chain_sum_with_two_nodes_and_the_use
     assert argv[argv.index("--job-timeout-s") + 1] == str(demo.REAL_MODEL_TIMEOUT_S)
     plain = parser.parse_args(["--task", "sorting"])
     assert demo.real_model_settings(plain) == ["task.name=sorting"]  # the tiny base keeps its recipe
+
+
+def test_the_calculator_demo_runs_multi_turn_episodes_on_three_to_four_digit_sums():
+    from engine.swarm.run_config import RunConfig, apply_overrides
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    run = apply_overrides(RunConfig(), demo.real_model_settings(parser.parse_args(["--model", "smollm2-135m",
+                                                                                  "--env", "calculator"])))
+    assert run.env.name == "calculator" and run.env.max_turns == 4
+    assert run.task.name == "reasoning_gym:chain_sum" and run.task.options["min_digits"] == 3
+    assert run.sampling.max_new_tokens == 64 and run.lora.enabled  # the real model's recipe, with room for a call
