@@ -7,8 +7,9 @@ call format, ``CalculatorTool``, ``PythonTool``), ``calculator`` (exact arithmet
 ``sandbox`` (+ ``sandbox_runner``, which only ever runs inside the sandbox, and
 ``pids_cgroup``), ``stats`` (figures of a batch of episodes), ``tool_env`` (``ToolEnvironment`` and the calculator
 environment over a chat question source), ``token_rollout`` (one episode at the token level:
-one growing context for a KV cache, the trajectory and its behaviour log-probs).
+one growing context for a KV cache, the trajectory and its behaviour log-probs; ``TokenEpisodeRun``
+is the stepping the swarm's turn driver shares), ``registry`` (the environments a run can name).
 
-What it does not know: models, backends, the swarm; wiring episodes into the swarm's rollout
-path is the caller's. Importing it pulls in no torch, mlx, Qt or network stack.
+What it does not know: models, backends, the swarm (``engine.swarm.env_run_task`` and
+``engine.swarm.episodes`` drive episodes through the pipeline). Importing it pulls in no torch, mlx, Qt or network stack.
 """

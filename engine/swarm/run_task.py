@@ -216,13 +216,13 @@ def make_run_task(config: TaskConfig, checkpoint_dir: str | Path,
                              "character-level base; set model (e.g. --set model=smollm2-135m) or --checkpoint")
         if env is not None and env.name:
             from engine.envs.contract import EpisodeLimits
-            from engine.envs.tool_env import calculator_environment
+            from engine.envs.registry import make_environment
             from engine.swarm.env_run_task import EnvRunTask
 
             limits = EpisodeLimits(max_turns=env.max_turns, max_context_tokens=env.max_context_tokens,
                                    max_tool_s=env.max_tool_s)
-            source = make_chat_task(config)
-            return EnvRunTask(calculator_environment(source, tool_use_weight=env.tool_use_weight), codec, limits)
+            environment = make_environment(env.name, make_chat_task(config), tool_use_weight=env.tool_use_weight)
+            return EnvRunTask(environment, codec, limits)
         return ChatRunTask(make_chat_task(config), codec)
     if env is not None and env.name:
         raise CodecError(f"the {env.name} environment needs a chat task (e.g. --set task.name=reasoning_gym:"

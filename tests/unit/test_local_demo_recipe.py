@@ -92,3 +92,12 @@ def test_the_calculator_demo_runs_multi_turn_episodes_on_three_to_four_digit_sum
     assert run.env.name == "calculator" and run.env.max_turns == 4
     assert run.task.name == "reasoning_gym:chain_sum" and run.task.options["min_digits"] == 3
     assert run.sampling.max_new_tokens == 64 and run.lora.enabled  # the real model's recipe, with room for a call
+
+
+def test_every_environment_a_run_can_name_is_registered():
+    from typing import get_args, get_type_hints
+
+    from engine.envs.registry import ENVIRONMENTS
+    from engine.swarm.run_config import EnvSettings
+
+    assert set(get_args(get_type_hints(EnvSettings)["name"])) - {""} == set(ENVIRONMENTS)
