@@ -16,7 +16,7 @@ continued as a one-row job:
   (on the least loaded route).
 
 An episode that ends frees its kept caches (``gen_release``). A continuation that fails is
-retried (``MAX_TURN_ATTEMPTS`` per batch); past that the batch is given up (its prompts go back
+retried (``MAX_TURN_ATTEMPTS`` failures per episode); past that the batch is given up (its prompts go back
 to the queue, an eval job's to the eval queue) and counted. Limits (turns, context tokens, tool
 seconds) are the episode's own; a context with no room for one more token is a recorded cut.
 
@@ -43,7 +43,7 @@ from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
 
-#: continuations of one batch that may fail before the batch is given up
+#: failed turns of one episode before its batch is given up
 MAX_TURN_ATTEMPTS = 3
 #: seconds a step of a turn's episodes may take beyond their tool time (decoding, rendering)
 STEP_MARGIN_S = 5.0
@@ -61,11 +61,12 @@ class EpisodeBatch:
     episodes: list[EpisodeRun]
     versions: list[list[int] | None]  #: per episode, the oldest version of each stage over its turns
     open: int = 0
-    failures: int = 0
+    failures: list[int] = field(default_factory=list)  #: failed turns per episode
     closed: bool = False
 
     def __post_init__(self) -> None:
         self.open = len(self.episodes)
+        self.failures = [0] * len(self.episodes)
 
 
 @dataclass
@@ -183,7 +184,7 @@ class TurnDriver:
             load = Counter(tuple(j.route) for j in self.jobs.values())
             route = min(routes, key=lambda r: load[tuple(r)])
             # named for its episode; a retry gets a new name (the failed turn may still run somewhere)
-            job_id = f"{b.key}.{i}" if not b.failures else f"{b.key}.{i}.r{b.failures}"
+            job_id = f"{b.key}.{i}" if not b.failures[i] else f"{b.key}.{i}.r{b.failures[i]}"
             cached, prompt = 0, list(context)
             self.counters["turns_recomputed"] += 1
         params = replace(self._params(b.kind, job_id, ep.budget), turn=turn, cached_tokens=cached, keep_cache=True)
@@ -208,9 +209,9 @@ class TurnDriver:
         if b.closed:
             return True
         self.counters["cache_misses" if reason.startswith("cache miss") else "failed_turns"] += 1
-        b.failures += 1
-        if b.failures >= MAX_TURN_ATTEMPTS:
-            self.give_up(b, f"{b.failures} turns failed (last: {reason})")
+        b.failures[i] += 1
+        if b.failures[i] >= MAX_TURN_ATTEMPTS:
+            self.give_up(b, f"{b.failures[i]} turns of one episode failed (last: {reason})")
             return True
         log.info("turn %d of %s failed (%s); sent again with its whole prefix", job.turn, job_id, reason)
         self.continue_episode(b, i, job.turn)
