@@ -11,5 +11,6 @@ one growing context for a KV cache, the trajectory and its behaviour log-probs; 
 is the stepping the swarm's turn driver shares), ``registry`` (the environments a run can name).
 
 What it does not know: models, backends, the swarm (``engine.swarm.env_run_task`` and
-``engine.swarm.episodes`` drive episodes through the pipeline). Importing it pulls in no torch, mlx, Qt or network stack.
+``engine.swarm.episodes`` drive episodes through the pipeline). Importing it pulls in no torch,
+mlx, Qt or network stack.
 """

@@ -95,11 +95,11 @@ class TurnDriver:
     """Steps episodes between turns and dispatches their continuations (see the module docstring)."""
 
     def __init__(self, links: NodeLinks, jobs: dict[str, TurnJob], counters: Counter[str], *,
-                 params: Callable[[str, int, int], messages.GenParams],
+                 params: Callable[[str, str, int], messages.GenParams],
                  on_batch_done: Callable[[EpisodeBatch], None],
                  on_batch_failed: Callable[[EpisodeBatch], None]) -> None:
         self.links, self.jobs, self.counters = links, jobs, counters
-        self._params = params  #: (kind, job seed key, max_new_tokens) -> sampling settings
+        self._params = params  #: (kind, job id, max_new_tokens) -> sampling settings
         self._done, self._failed = on_batch_done, on_batch_failed
         self._kept: dict[tuple[str, int], _Kept] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -145,7 +145,7 @@ class TurnDriver:
             for b, *_ in {id(w[0]): w for w in work}.values():
                 self.give_up(b, "stepping its episodes ran past the deadline")
             return
-        self.counters["episode_step_seconds"] += time.monotonic() - started
+        self.counters["episode_step_seconds"] += time.monotonic() - started  # type: ignore[assignment]
         self._after(job, work, added)
 
     def _after(self, job: TurnJob, work: list, added: list[tuple[int, ...] | None]) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, cast
 
 from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
 from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
@@ -47,6 +47,7 @@ from engine.swarm.episode_outcome import (
 )
 
 if TYPE_CHECKING:
+    from engine.envs.tool_env import QuestionSource
     from engine.swarm.env_run_task import EnvRunTask
     from engine.swarm.run_config import EnvSettings
 
@@ -221,7 +222,8 @@ def make_run_task(config: TaskConfig, checkpoint_dir: str | Path,
 
             limits = EpisodeLimits(max_turns=env.max_turns, max_context_tokens=env.max_context_tokens,
                                    max_tool_s=env.max_tool_s)
-            environment = make_environment(env.name, make_chat_task(config), tool_use_weight=env.tool_use_weight)
+            source = cast("QuestionSource", make_chat_task(config))  # a chat task has the source's shape
+            environment = make_environment(env.name, source, tool_use_weight=env.tool_use_weight)
             return EnvRunTask(environment, codec, limits)
         return ChatRunTask(make_chat_task(config), codec)
     if env is not None and env.name:
