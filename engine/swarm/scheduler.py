@@ -84,7 +84,7 @@ class GenerationScheduler:
         self._job_ids = itertools.count(int(time.time() * 1000) % 10**9)
         self.jobs: dict[str, TurnJob] = {}
         self.received_rollouts = 0
-        #: rollouts scored per peer that was on their generation route (every stage counts)
+        #: rollouts per peer that was on the route of their first turn (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
         #: the latest scored completions, one per job: question, answer, reward, version (newest last)
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
@@ -188,8 +188,9 @@ class GenerationScheduler:
         counters = self.book.counters  # wall time from dispatch to the last token, per kind of job
         counters[f"{job.kind}_job_seconds"] += time.monotonic() - job.dispatched
         counters[f"{job.kind}_jobs_done"] += 1
-        for peer in set(job.route):
-            self.scored_by_peer[peer] += len(job.rows) if job.kind == "train" else 0
+        if job.kind == "train" and job.turn == 0:  # an episode counts once, for the route of its first turn
+            for peer in set(job.route):
+                self.scored_by_peer[peer] += len(job.rows)
         self.turns.on_turn(job, m.tokens, m.logprobs, m.versions, self.limits.stop_ids)
 
     def _batch_done(self, b: EpisodeBatch) -> None:
