@@ -17,7 +17,8 @@ from engine.envs.tool_env import QuestionSource, calculator_environment
 
 #: name -> (the run's chat task as a question source, the tool-use reward weight) -> the environment
 ENVIRONMENTS: dict[str, Callable[[QuestionSource, float], Environment]] = {
-    "calculator": lambda source, tool_use_weight: calculator_environment(source, tool_use_weight=tool_use_weight),
+    "calculator": lambda source, tool_use_weight: calculator_environment(source, worked_example=True,
+                                                                         tool_use_weight=tool_use_weight),
 }
 
 

@@ -1,7 +1,9 @@
 """A multi-turn environment with tools over a chat question source; the calculator env is one.
 
 Each episode opens with a system turn that lists the tools and the call format
-(``engine.envs.tools``) and the question as the user turn. A model turn with a
+(``engine.envs.tools``), optionally a worked example exchange (a question, the model's call, the
+tool's answer, the tagged final answer: a small model copies a pattern it has seen far more
+readily than one it was told about), and the question as the user turn. A model turn with a
 ``<tool_call>`` gets the tools' answers as one ``tool`` message and another turn; a turn
 without one is the final answer and ends the episode. Malformed calls, unknown tools and tool
 errors are observations (counted as tool errors), never exceptions.
@@ -72,7 +74,8 @@ class ToolEnvironment(Environment):
     """Questions from ``source``, answered with the help of ``tools``."""
 
     def __init__(self, source: QuestionSource, tools: Sequence[Tool], *, name: str = "tools",
-                 call_format: ToolCallFormat = ToolCallFormat(), tool_use_weight: float = 0.05) -> None:
+                 call_format: ToolCallFormat = ToolCallFormat(), tool_use_weight: float = 0.05,
+                 example: Sequence[Message] = ()) -> None:
         if not tools:
             raise ValueError("a tool environment needs at least one tool")
         if not 0.0 <= tool_use_weight <= 0.5:
@@ -83,9 +86,12 @@ class ToolEnvironment(Environment):
         self.call_format = call_format
         self.tool_use_weight = tool_use_weight
         self.system_prompt = tool_system_prompt(list(tools))
+        if example and (example[0].role != "user" or example[-1].role != "assistant"):
+            raise ValueError("a worked example opens with the user's question and ends with the model's answer")
+        self.example = tuple(example)
 
     def _item(self, q: QuestionItem, held_out: bool) -> EpisodeItem:
-        messages = (Message("system", self.system_prompt), Message("user", q.question))
+        messages = (Message("system", self.system_prompt), *self.example, Message("user", q.question))
         return EpisodeItem(item_id=q.item_id, messages=messages, answer=q.answer, held_out=held_out, source=q)
 
     def train_items(self, seed: int) -> Iterator[EpisodeItem]:
@@ -124,6 +130,20 @@ class ToolEnvironment(Environment):
         return parts
 
 
-def calculator_environment(source: QuestionSource, **kwargs) -> ToolEnvironment:
-    """The calculator tool environment over an arithmetic question source."""
-    return ToolEnvironment(source, [CalculatorTool()], name="calculator", **kwargs)
+#: the calculator environment's worked example (numbers no held-out sum uses: they have 3-4 digits each)
+EXAMPLE_EXPRESSION = "12345 + 67890"
+
+
+def calculator_example(tool: Tool) -> tuple[Message, ...]:
+    """A worked exchange: a sum, the call, the calculator's own answer, the answer in tags."""
+    result = tool.call({"expression": EXAMPLE_EXPRESSION}, time_left_s=1.0)
+    return (Message("user", f"State the final answer to the following arithmetic problem: {EXAMPLE_EXPRESSION} ="),
+            Message("assistant", format_tool_call(tool.name, {"expression": EXAMPLE_EXPRESSION})),
+            Message("tool", result.text), Message("assistant", f"<answer>{result.text}</answer>"))
+
+
+def calculator_environment(source: QuestionSource, *, worked_example: bool = False, **kwargs) -> ToolEnvironment:
+    """The calculator tool environment over an arithmetic question source (with a worked example if asked)."""
+    tool = CalculatorTool()
+    example = calculator_example(tool) if worked_example else ()
+    return ToolEnvironment(source, [tool], name="calculator", example=example, **kwargs)

@@ -86,7 +86,7 @@ class GenerationScheduler:
         self.received_rollouts = 0
         #: rollouts per peer that was on the route of their first turn (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
-        #: the latest scored completions, one per job: question, answer, reward, version (newest last)
+        #: the latest finished episodes, one per group: question, its turns, reward, version (newest last)
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
         #: the latest finished training episodes' outcomes (for the shortcut monitor)
         self.outcomes: deque = deque(maxlen=MAX_OUTCOMES)
