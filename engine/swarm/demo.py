@@ -357,8 +357,8 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
             print(f"Training ends at version {final_version}; final held-out eval...", file=out, flush=True)
         if finish_sent:
             done = [e for e in stats["evals"] if e["version"] >= final_version and e["version"] > 0]
-            if done and not stats["eval_running"]:
-                return stats
+            if (done or final_version == 0 and stats["evals"]) and not stats["eval_running"]:
+                return stats  # no step at all (e.g. every group had one reward): version 0 is the final policy
             if elapsed > budget_s + 240:
                 raise RuntimeError("the final eval did not finish within 4 minutes")
 
@@ -366,7 +366,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
 def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     evals = stats["evals"]
     first = next((e for e in evals if e["version"] == 0), None)
-    last = evals[-1] if evals and evals[-1]["version"] > 0 else None
+    last = evals[-1] if evals and (evals[-1]["version"] > 0 or stats["version"] == 0) else None
     counts = stats["rollouts"]
     steps = stats["steps"]
     return {

@@ -101,3 +101,21 @@ def test_every_environment_a_run_can_name_is_registered():
     from engine.swarm.run_config import EnvSettings
 
     assert set(get_args(get_type_hints(EnvSettings)["name"])) - {""} == set(ENVIRONMENTS)
+
+
+def test_the_calculator_demos_summary_has_turns_tool_calls_the_monitor_and_the_time_split_even_without_a_step():
+    from engine.swarm.rollout_monitor import monitor_figures
+
+    monitor = monitor_figures([], [], [])
+    stats = {"evals": [{"version": 0, "accuracy": 0.0, "content": 0.0, "n": 16}], "rollouts": {"ready": 128},
+             "steps": [], "received_rollouts": 128, "bytes_on_wire": 10, "tokens_generated": 100, "update_bytes": 0,
+             "dense_update_bytes": 0, "staleness_histogram": {}, "task": "reasoning_gym:chain_sum", "version": 0,
+             "model": "smollm2-135m", "lora_rank": 16, "env": "calculator", "monitor": monitor,
+             "counters": {"train_job_seconds": 64.0, "train_jobs_done": 2, "reward_count": 128,
+                          "episode_step_seconds": 1.28, "turns_from_cache": 3, "turns_recomputed": 5}}
+    args = argparse.Namespace(stages=2, replicas=1)
+    summary = demo._summary(stats, 100.0, args)
+    assert summary["eval_after"] == summary["eval_before"] == 0.0 and summary["versions"] == 0  # no step: v0 is final
+    assert summary["env"] == "calculator" and summary["mean_turns"] == monitor["mean_turns"]
+    assert summary["episode_seconds"]["generation"] == 0.5 and summary["episode_seconds"]["stepping"] == 0.01
+    assert (summary["turns_from_cache"], summary["turns_recomputed"]) == (3, 5)
