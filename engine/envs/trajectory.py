@@ -127,10 +127,13 @@ class ChatRenderer:
         _, tail = self.turn_texts(before, reply)
         return tail + self.between_texts([*before, reply], following, generation_prompt)
 
-    def trajectory(self, messages: Sequence[Message], model_ids: Sequence[Sequence[int]] | None = None) -> Trajectory:
+    def trajectory(self, messages: Sequence[Message], model_ids: Sequence[Sequence[int]] | None = None, *,
+                   opening: int = 0) -> Trajectory:
         """The trajectory of a transcript; ``model_ids[k]``: the sampled ids of the k-th model turn
-        (content and end-of-turn), or encoded from the text when not given."""
-        turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        (content and end-of-turn), or encoded from the text when not given. The first ``opening``
+        messages are the episode's opening (``EpisodeItem.messages``): context, even an assistant
+        turn among them (a worked example)."""
+        turns = [i for i, m in enumerate(messages) if m.role == "assistant" and i >= opening]
         if not turns:
             raise TemplateError("a transcript needs at least one model turn")
         if model_ids is not None and len(model_ids) != len(turns):
