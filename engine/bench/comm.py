@@ -19,7 +19,7 @@ on loopback, from the shipped base to ``--versions`` versions, held-out greedy e
 
 The weight stream to inference replicas is not part of these runs (the demo swarm has none):
 ``--weights`` adds the bytes per version of each weight-delta encoding on the tiny base
-(``engine.bench.weight_deltas``).
+(``polis bench weights``: int8 per-row deltas against exact sparse fp32 / bf16 deltas).
 
 Other benches add rows by appending to :data:`SCHEMES` (e.g. activation codecs). The last
 stdout line is the JSON object with ``--json``.
@@ -140,9 +140,10 @@ def run(args: argparse.Namespace) -> int:
                               "targets": {"update_reduction_vs_int8_every_step": 50,
                                           "accuracy_gap_points_vs_dense": -5}}
     if args.weights:
-        from engine.bench.weight_deltas import measure
+        from engine.bench.weight_stream import measure
 
-        result["weight_deltas"] = measure(base)
+        result["weight_deltas"] = measure(argparse.Namespace(checkpoint=args.checkpoint, stages=2, versions=20,
+                                                             seed=0, lr=None))
     print(f"{'scheme':<26} {'upd B/sample':>12} {'vs int8':>8} {'other B/s':>10} {'acc':>6} {'gap':>6} {'s':>6}",
           file=out)
     for r in rows:
