@@ -91,7 +91,16 @@ class ReplicaSyncSettings:
         feedback, aggregate them robustly (``engine.swarm.replica_sync.aggregate``, the mean)
         and take one identical outer step: after it every replica holds the same bits. A
         policy version still advances per inner step (so rollouts keep their staleness
-        accounting); replicas agree only at versions that are multiples of ``inner_steps``.
+        accounting and ``max_staleness`` keeps its meaning); replicas agree only at versions
+        that are multiples of ``inner_steps``. Between syncs a rollout's version names the
+        inner step, and its weights are those of the route that sampled it (route r takes
+        replica r of every stage, so a route is one consistent model); the routes differ by
+        at most the inner steps since the last sync. Behaviour log-probs are recorded by the
+        sampling stage, so the off-policy correction sees the policy that really sampled; the
+        proximal pass may run on another route than the update (its anchor then differs by
+        that divergence, which PPO's clip bounds). Inference replicas follow their stage
+        leader's weights through the weight stream as before: its inner steps, and the
+        synced weights after each sync. Stage checkpoints hold the leader's weights.
       inner_steps: H, inner steps between syncs (unit: versions). 1 is every step with
         pseudo-gradients.
       outer_lr: step size of the outer update (1.0 with momentum 0: the new weights are the

@@ -203,3 +203,29 @@ def test_two_real_replicas_differ_between_syncs_agree_bit_for_bit_after_each_and
     assert all(np.array_equal(resynced["weights"][n], states[-1][0][n]) for n in names)
     ma, mb = resynced["momentum"]
     assert ma and all(np.array_equal(ma[n], mb[n]) for n in ma)
+
+
+def test_the_coordinator_resyncs_drifted_replicas_only_at_versions_where_diloco_replicas_agree():
+    import asyncio
+    from collections import Counter
+
+    from engine.swarm.step_runner import StepRunner
+
+    sent: list[tuple[str, object]] = []
+
+    async def send(peer, message):
+        sent.append((peer, message))
+        return True
+
+    runner = SimpleNamespace(run=RunConfig(replica_sync=ReplicaSyncSettings(mode="diloco", inner_steps=4)),
+                             links=SimpleNamespace(stage_replicas=lambda: [["a", "b"]], send=send),
+                             checkpoints={}, store=None, book=SimpleNamespace(counters=Counter()))
+
+    def reports(version):
+        return {p: messages.Stepped(step=version - 1, version=version, grad_norm=1.0, checksum=c, update_bytes=0,
+                                    dense_bytes=4, checkpoint_path=None) for p, c in (("a", 1.0), ("b", 2.0))}
+
+    asyncio.run(StepRunner._check_replicas(runner, reports(5), 5))  # between syncs: differing is expected
+    assert sent == []
+    asyncio.run(StepRunner._check_replicas(runner, reports(8), 8))  # right after a sync: b drifted
+    assert [(p, type(m).__name__) for p, m in sent] == [("b", "Sync")] and runner.book.counters["resyncs"] == 1
