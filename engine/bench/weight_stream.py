@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator) -> dict[str, Any]:
     from backends import registry
     from backends.base import OptimizerConfig
-    from engine.net.tensor_codec import decode_tensor, encode_tensor
     from engine.net.codec_sparse_exact import round_to
+    from engine.net.tensor_codec import decode_tensor, encode_tensor
     from engine.swarm.weight_stream import StreamFollower, StreamLeader, WeightStreamConfig
 
     weights = checkpoint.stage_weights(spec)

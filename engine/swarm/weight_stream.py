@@ -45,8 +45,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from engine.net.errors import WireFormatError
 from engine.net.codec_sparse_exact import ENCODING as SPARSE_EXACT
+from engine.net.errors import WireFormatError
 from engine.net.shadow_delta import DeltaReceiver, DeltaSender, WeightDelta
 from engine.swarm.tensor_bundle import checksum
 
