@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated scheme names (default: all): " + ", ".join(s.name for s in SCHEMES))
     parser.add_argument("--contended", action="store_true",
                         help="say in the output that other work shared the CPU (wall clock not comparable)")
+    parser.add_argument("--out", default=None,
+                        help="JSON file the rows are written to after every scheme; schemes already in it are "
+                             "not run again (a long bench interrupted goes on where it stopped)")
     parser.add_argument("--weights", action="store_true",
                         help="also measure weight-delta bytes per version (tiny base, in process)")
 
@@ -115,20 +118,57 @@ def compare(rows: list[dict[str, Any]]) -> None:
                                  r["accuracy_gap_points_vs_dense"] >= -5.0)
 
 
+def _train(base: str, tmp: Path, args: argparse.Namespace, scheme: Scheme, out) -> dict[str, Any]:
+    """One scheme's swarm run; a swarm that did not start (a machine too busy to start five
+    processes in time) is tried once more."""
+    from engine.bench.swarm import _swarm_training
+
+    for attempt in (1, 2):
+        try:
+            return _swarm_training(base, tmp / f"try{attempt}", args.versions, args.eval_every, scheme.settings)
+        except RuntimeError as exc:
+            if attempt == 2 or "did not start" not in str(exc):
+                raise
+            print(f"   {exc}; trying once more", file=out, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _saved_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Rows of an earlier run of the same bench (same versions and eval spacing) from ``--out``."""
+    if not args.out or not Path(args.out).exists():
+        return []
+    saved = json.loads(Path(args.out).read_text())
+    if (saved.get("versions"), saved.get("eval_every")) != (args.versions, args.eval_every):
+        raise SystemExit(f"{args.out} holds a run of other --versions / --eval-every; give another --out")
+    return list(saved.get("rows", []))
+
+
+def _save_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    if args.out:
+        from engine.atomic_file import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.out), json.dumps({"versions": args.versions, "eval_every": args.eval_every,
+                                                       "rows": rows}).encode())
+
+
 def run(args: argparse.Namespace) -> int:
-    from engine.bench.swarm import _base, _swarm_training
+    from engine.bench.swarm import _base
 
     base = _base(args)
     out = sys.stderr if args.json else sys.stdout
     schemes = [_scheme(n.strip()) for n in args.schemes.split(",") if n.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="polis-bench-comm-"))
-    rows, started = [], time.monotonic()
+    rows, started = _saved_rows(args), time.monotonic()
     try:
         for i, scheme in enumerate(schemes, start=1):
+            if any(r["scheme"] == scheme.name for r in rows):
+                print(f"{i}/{len(schemes)} {scheme.name}: already in {args.out}", file=out, flush=True)
+                continue
             print(f"{i}/{len(schemes)} {scheme.name}: {args.versions} versions, 2 stages x 2 replicas...",
                   file=out, flush=True)
-            result = _swarm_training(base, tmp / scheme.name, args.versions, args.eval_every, scheme.settings)
+            result = _train(base, tmp / scheme.name, args, scheme, out)
             rows.append(_row(scheme, result, result.get("bytes_on_wire", 0)))
+            _save_rows(args, rows)
             print(f"   {rows[-1]['update_bytes_per_sample']:.1f} update bytes/sample, accuracy "
                   f"{rows[-1]['accuracy_start']:.3f} -> {rows[-1]['accuracy_final']:.3f} in {result['seconds']} s",
                   file=out, flush=True)
