@@ -57,6 +57,13 @@ SCHEMES: list[Scheme] = [
                                        "replica_sync.encoding=topk", "replica_sync.topk_fraction=0.02",
                                        "replica_sync.value_bits=2"),
            "SparseLoCo: 8 inner steps, top 2 %, 2-bit values, error feedback"),
+    Scheme("diloco_h16_dense2bit", ("replica_sync.mode=diloco", "replica_sync.inner_steps=16",
+                                    "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
+                                    "replica_sync.value_bits=2"),
+           "DiLoCo: 16 inner steps, every entry at 2 bits, error feedback"),
+    Scheme("diloco_h64_int8", ("replica_sync.mode=diloco", "replica_sync.inner_steps=64",
+                               "replica_sync.encoding=int8"),
+           "DiLoCo: 64 inner steps, int8 pseudo-gradients, averaging"),
 ]
 DENSE, INT8 = "dense_fp32_every_step", "int8_every_step"
 

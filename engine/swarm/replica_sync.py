@@ -45,7 +45,8 @@ class ReplicaCompressor:
     """One replica's compression state (the error-feedback residuals live here).
 
     ``encoding``: ``"int8"`` (every entry, int8 with per-row scales), ``"topk"`` (the
-    ``topk_fraction`` largest entries of gradient + residual, ``value_bits`` per value) or
+    ``topk_fraction`` largest entries of gradient + residual, ``value_bits`` per value; with a
+    fraction of 1.0 every entry, without indices: a dense low-bit quantiser) or
     ``"fp32"`` (dense, lossless, no residual). ``error_decay``: the residual's decay before
     it is added to the next update (``engine.net.error_feedback``).
     """
@@ -60,7 +61,9 @@ class ReplicaCompressor:
         self.topk_fraction = topk_fraction
         self._feedback = {"int8": lambda: ErrorFeedback("int8_rowwise", decay=error_decay),
                           "topk": lambda: ErrorFeedback("topk", decay=error_decay, fraction=topk_fraction,
-                                                        value_bits=value_bits),
+                                                        value_bits=value_bits,  # every entry: no indices
+                                                        index_coding="all" if topk_fraction == 1.0
+                                                        else "varint_delta"),
                           "fp32": lambda: None}[encoding]()
 
     def compress(self, grads: Mapping[str, np.ndarray]) -> tuple[dict[str, EncodedTensor], dict[str, np.ndarray]]:

@@ -110,7 +110,8 @@ class ReplicaSyncSettings:
       encoding: how pseudo-gradients travel, with error feedback: "topk" (the
         ``topk_fraction`` largest entries per tensor, ``value_bits`` per value, varint index
         gaps), "int8" (every entry, per-row scales) or "fp32" (lossless).
-      topk_fraction: share of a tensor's entries sent per sync with "topk".
+      topk_fraction: share of a tensor's entries sent per sync with "topk" (1.0: every
+        entry, no index section: dense ``value_bits`` quantisation with error feedback).
       value_bits: bits per sent value with "topk" (8, 4 or 2; scales per 4096 values).
       error_decay: the residual is multiplied by this before the next pseudo-gradient is
         added (SparseLoCo's beta; 1.0 keeps everything owed).

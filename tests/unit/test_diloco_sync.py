@@ -229,3 +229,19 @@ def test_the_coordinator_resyncs_drifted_replicas_only_at_versions_where_diloco_
     assert sent == []
     asyncio.run(StepRunner._check_replicas(runner, reports(8), 8))  # right after a sync: b drifted
     assert [(p, type(m).__name__) for p, m in sent] == [("b", "Sync")] and runner.book.counters["resyncs"] == 1
+
+
+def test_dense_two_bit_pseudo_gradients_carry_no_indices_and_error_feedback_sends_what_they_round_off():
+    settings = ReplicaSyncSettings(mode="diloco", encoding="topk", topk_fraction=1.0, value_bits=2)
+    start = {"w": np.random.default_rng(0).normal(size=(128, 128)).astype(np.float32)}
+    outer = OuterSync(settings, start)
+    drift = {"w": start["w"] - 0.01 * np.random.default_rng(1).normal(size=(128, 128)).astype(np.float32)}
+    sent = np.zeros_like(start["w"])
+    for _ in range(8):
+        encoded, decoded = outer.compress(drift)
+        sent += decoded["w"]
+    payload = tensor_bundle.pack(encoded)[1]
+    assert len(payload) <= start["w"].size // 4 + 4 * 8  # 2 bits a value and one scale per 4096
+    np.testing.assert_allclose(sent + outer.compressor._feedback.residual("w"), 8 * (start["w"] - drift["w"]),
+                               atol=1e-4)
+    assert outer.residual_norm() < 0.2 * float(np.linalg.norm(8 * (start["w"] - drift["w"])))
