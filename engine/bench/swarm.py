@@ -160,7 +160,13 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
         swarm.start()
         deadline = time.monotonic() + 60 * 60
         while True:
-            stats = swarm.stats()
+            try:
+                stats = swarm.stats()
+            except OSError:  # a coordinator too busy to answer in time (other jobs on the machine): ask again
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
+                continue
             done = [e for e in stats["evals"] if e["version"] >= versions]
             if done and not stats["eval_running"]:
                 break
