@@ -173,11 +173,11 @@ def run(args: argparse.Namespace) -> int:
                 continue
             print(f"{i}/{len(schemes)} {scheme.name}: {args.versions} versions, 2 stages x 2 replicas...",
                   file=out, flush=True)
-            result = _train(base, tmp / scheme.name, args, scheme, out)
-            rows.append(_row(scheme, result, result.get("bytes_on_wire", 0)))
+            trained = _train(base, tmp / scheme.name, args, scheme, out)
+            rows.append(_row(scheme, trained, trained.get("bytes_on_wire", 0)))
             _save_rows(args, rows)
             print(f"   {rows[-1]['update_bytes_per_sample']:.1f} update bytes/sample, accuracy "
-                  f"{rows[-1]['accuracy_start']:.3f} -> {rows[-1]['accuracy_final']:.3f} in {result['seconds']} s",
+                  f"{rows[-1]['accuracy_start']:.3f} -> {rows[-1]['accuracy_final']:.3f} in {trained['seconds']} s",
                   file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None,
                         help="AdamW learning rate (default: the run's; real models post-train far lower)")
+
+
+@dataclass
+class _ExactStream:
+    """An exact sparse stream measured beside the int8 one: its two ends and what it cost."""
+
+    leader: Any
+    follower: Any
+    nbytes: list[int] = field(default_factory=list)
+    changed: list[float] = field(default_factory=list)
+    exact: bool = True
 
 
 def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator) -> dict[str, Any]:
@@ -61,12 +73,11 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
         leader, follower = StreamLeader(), StreamFollower()
         follower.reset("leader", leader.start("replica", start, 0), start, 0)
         naive = {n: w.copy() for n, w in start.items()}
-        exact_streams = {}
+        exact_streams: dict[str, _ExactStream] = {}
         for dtype in ("float32", "bfloat16"):
             config = WeightStreamConfig(encoding="sparse_exact", value_dtype=dtype)
-            lead, follow = StreamLeader(config), StreamFollower(config)
-            follow.reset("leader", lead.start("replica", start, 0), start, 0)
-            exact_streams[dtype] = {"leader": lead, "follower": follow, "bytes": [], "changed": [], "exact": True}
+            e = exact_streams[dtype] = _ExactStream(StreamLeader(config), StreamFollower(config))
+            e.follower.reset("leader", e.leader.start("replica", start, 0), start, 0)
         previous = start
         vocab, hidden = checkpoint.config.vocab_size, checkpoint.config.hidden_size
         delta_bytes, step_max, residual_max, naive_max, exact = [], 0.0, 0.0, 0.0, True
@@ -92,14 +103,14 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
                                                     expected_shape=now[n].shape)
             naive_max = max(float(np.abs(now[n] - naive[n]).max()) for n in now)
             for dtype, e in exact_streams.items():
-                frame = e["leader"].encode("replica", now, version)
-                held = e["follower"].shadow()
-                held.update(e["follower"].apply(frame.header["delta"], frame.payload, version))
-                e["bytes"].append(len(frame.payload))
-                e["changed"].append(sum(int(t["k"]) for _, t, _ in frame.header["delta"]["tensors"])
-                                    / sum(int(w.size) for w in now.values()))
-                e["exact"] &= all(np.array_equal(held[n].view(np.uint32), round_to(now[n], dtype).view(np.uint32))
-                                  for n in now)
+                frame = e.leader.encode("replica", now, version)
+                held = e.follower.shadow()
+                held.update(e.follower.apply(frame.header["delta"], frame.payload, version))
+                e.nbytes.append(len(frame.payload))
+                e.changed.append(sum(int(t["k"]) for _, t, _ in frame.header["delta"]["tensors"])
+                                 / sum(int(w.size) for w in now.values()))
+                e.exact &= all(np.array_equal(held[n].view(np.uint32), round_to(now[n], dtype).view(np.uint32))
+                               for n in now)
             previous = now
         dense = sum(int(w.size) * 4 for w in start.values())
         return {"stage": spec.stage_index, "parameters": dense // 4, "dense_fp32_bytes": dense,
@@ -107,10 +118,10 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
                 "ratio_vs_dense_fp32": float(np.mean(delta_bytes)) / dense,
                 "max_step_change": step_max, "residual_max_abs_last": residual, "residual_max_abs_all": residual_max,
                 "replica_equals_shadow_bitwise": bool(exact), "naive_no_shadow_error_last": naive_max,
-                "sparse_exact": {dtype: {"bytes_per_delta": float(np.mean(e["bytes"])),
-                                         "ratio_vs_int8": float(np.mean(e["bytes"])) / float(np.mean(delta_bytes)),
-                                         "changed_fraction": float(np.mean(e["changed"])),
-                                         "replica_exact": bool(e["exact"])}
+                "sparse_exact": {dtype: {"bytes_per_delta": float(np.mean(e.nbytes)),
+                                         "ratio_vs_int8": float(np.mean(e.nbytes)) / float(np.mean(delta_bytes)),
+                                         "changed_fraction": float(np.mean(e.changed)),
+                                         "replica_exact": e.exact}
                                  for dtype, e in exact_streams.items()}}
     finally:
         trainer.close()
