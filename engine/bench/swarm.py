@@ -93,7 +93,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0,
-                              set=settings + ["prompts_per_step=4096", "eval_every_versions=0"])
+                              model=None, set=settings + ["prompts_per_step=4096", "eval_every_versions=0"])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     try:
@@ -145,12 +145,14 @@ def _cumulative_samples(versions: list[dict[str, Any]]) -> dict[int, int]:
     return out
 
 
-def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int) -> dict[str, Any]:
-    """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``."""
+def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
+                    settings: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``;
+    ``settings``: run-setting overrides (``KEY=VALUE``, as ``polis demo --set``)."""
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
-                              set=[f"eval_every_versions={eval_every}"])
+                              model=None, set=[*settings, f"eval_every_versions={eval_every}"])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     started = time.monotonic()
@@ -158,7 +160,13 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int) -> dic
         swarm.start()
         deadline = time.monotonic() + 60 * 60
         while True:
-            stats = swarm.stats()
+            try:
+                stats = swarm.stats()
+            except OSError:  # a coordinator too busy to answer in time (other jobs on the machine): ask again
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
+                continue
             done = [e for e in stats["evals"] if e["version"] >= versions]
             if done and not stats["eval_running"]:
                 break
@@ -172,6 +180,7 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int) -> dic
               "accuracy": e["accuracy"]} for e in stats["evals"]]
     return {"curve": curve, "update_bytes": stats["update_bytes"], "dense_update_bytes": stats["dense_update_bytes"],
             "staleness_histogram": stats["staleness_histogram"], "seconds": round(time.monotonic() - started, 1),
+            "bytes_on_wire": stats["bytes_on_wire"],
             "dropped_stale": stats["counters"].get("dropped_stale", 0)}
 
 

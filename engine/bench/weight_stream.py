@@ -13,7 +13,11 @@ same code path as the swarm. Measured per stage over ``--versions`` versions:
   versions, next to the largest weight change of one step (the scale it is small
   against), and whether the replica's weights equal the trainer's shadow bit for bit;
 * the same for a naive stream without a shadow (each step's change quantised on its
-  own), whose error accumulates: the drift the shadow prevents.
+  own), whose error accumulates: the drift the shadow prevents;
+* bytes of the exact sparse streams (``sparse_exact``: the entries whose fp32, or bf16,
+  bits changed, at their exact values) on the same steps, against the int8 deltas, the
+  share of entries each step changed, and whether their replica holds exactly the
+  trainer's weights (fp32) or their bf16 rounding (bf16).
 
 No network: bytes are the delta payloads a link would carry. The last stdout line is
 the JSON object with ``--json``.
@@ -25,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,13 +41,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages the model is cut into")
     parser.add_argument("--versions", type=int, default=50, help="optimiser steps streamed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="AdamW learning rate (default: the run's; real models post-train far lower)")
+
+
+@dataclass
+class _ExactStream:
+    """An exact sparse stream measured beside the int8 one: its two ends and what it cost."""
+
+    leader: Any
+    follower: Any
+    nbytes: list[int] = field(default_factory=list)
+    changed: list[float] = field(default_factory=list)
+    exact: bool = True
 
 
 def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator) -> dict[str, Any]:
     from backends import registry
     from backends.base import OptimizerConfig
+    from engine.net.codec_sparse_exact import round_to
     from engine.net.tensor_codec import decode_tensor, encode_tensor
-    from engine.swarm.weight_stream import StreamFollower, StreamLeader
+    from engine.swarm.weight_stream import StreamFollower, StreamLeader, WeightStreamConfig
 
     weights = checkpoint.stage_weights(spec)
     trainer = registry.create("torch", device="cpu")
@@ -54,6 +73,11 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
         leader, follower = StreamLeader(), StreamFollower()
         follower.reset("leader", leader.start("replica", start, 0), start, 0)
         naive = {n: w.copy() for n, w in start.items()}
+        exact_streams: dict[str, _ExactStream] = {}
+        for dtype in ("float32", "bfloat16"):
+            config = WeightStreamConfig(encoding="sparse_exact", value_dtype=dtype)
+            e = exact_streams[dtype] = _ExactStream(StreamLeader(config), StreamFollower(config))
+            e.follower.reset("leader", e.leader.start("replica", start, 0), start, 0)
         previous = start
         vocab, hidden = checkpoint.config.vocab_size, checkpoint.config.hidden_size
         delta_bytes, step_max, residual_max, naive_max, exact = [], 0.0, 0.0, 0.0, True
@@ -78,13 +102,27 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
                 naive[n] = naive[n] + decode_tensor(enc.header, enc.payload, max_elements=now[n].size,
                                                     expected_shape=now[n].shape)
             naive_max = max(float(np.abs(now[n] - naive[n]).max()) for n in now)
+            for dtype, e in exact_streams.items():
+                frame = e.leader.encode("replica", now, version)
+                held = e.follower.shadow()
+                held.update(e.follower.apply(frame.header["delta"], frame.payload, version))
+                e.nbytes.append(len(frame.payload))
+                e.changed.append(sum(int(t["k"]) for _, t, _ in frame.header["delta"]["tensors"])
+                                 / sum(int(w.size) for w in now.values()))
+                e.exact &= all(np.array_equal(held[n].view(np.uint32), round_to(now[n], dtype).view(np.uint32))
+                               for n in now)
             previous = now
         dense = sum(int(w.size) * 4 for w in start.values())
         return {"stage": spec.stage_index, "parameters": dense // 4, "dense_fp32_bytes": dense,
                 "bytes_per_delta": float(np.mean(delta_bytes)),
                 "ratio_vs_dense_fp32": float(np.mean(delta_bytes)) / dense,
                 "max_step_change": step_max, "residual_max_abs_last": residual, "residual_max_abs_all": residual_max,
-                "replica_equals_shadow_bitwise": bool(exact), "naive_no_shadow_error_last": naive_max}
+                "replica_equals_shadow_bitwise": bool(exact), "naive_no_shadow_error_last": naive_max,
+                "sparse_exact": {dtype: {"bytes_per_delta": float(np.mean(e.nbytes)),
+                                         "ratio_vs_int8": float(np.mean(e.nbytes)) / float(np.mean(delta_bytes)),
+                                         "changed_fraction": float(np.mean(e.changed)),
+                                         "replica_exact": e.exact}
+                                 for dtype, e in exact_streams.items()}}
     finally:
         trainer.close()
         replica.close()
@@ -97,7 +135,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from engine.swarm.run_config import RunConfig
 
     checkpoint = Checkpoint(args.checkpoint or base_checkpoint_dir())
-    lr = RunConfig().lr
+    lr = args.lr or RunConfig().lr
     rng = np.random.default_rng(args.seed)
     started = time.monotonic()
     stages = [_measure_stage(checkpoint, spec, args.versions, lr, rng)
@@ -116,6 +154,11 @@ def _table(result: dict[str, Any]) -> str:
                      f"{s['residual_max_abs_last']:9.2e} / {s['residual_max_abs_all']:9.2e}       "
                      f"{'yes' if s['replica_equals_shadow_bitwise'] else 'NO':>3}      "
                      f"{s['naive_no_shadow_error_last']:9.2e}")
+    lines.append("exact sparse deltas on the same steps: stage  values  B/delta  vs int8  changed  exact")
+    for s in result["stages"]:
+        for dtype, e in s["sparse_exact"].items():
+            lines.append(f"{s['stage']:42d}  {dtype:>8} {e['bytes_per_delta']:8.0f} {e['ratio_vs_int8']:7.2f}x "
+                         f"{e['changed_fraction']:7.1%}  {'yes' if e['replica_exact'] else 'NO'}")
     lines.append(f"({result['seconds']} s)")
     return "\n".join(lines)
 

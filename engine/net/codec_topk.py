@@ -11,8 +11,10 @@ Parameters (all in the header's ``params``)::
                  4 or 2 (unsigned codes, midrise: (code - half) * scale,
                  half = (2**bits - 1) / 2), packed low bits first
     block        values per scale (one float32 scale per block of values)
-    index_coding "uint32" (4 bytes per index) or "varint_delta" (sorted indices
+    index_coding "uint32" (4 bytes per index), "varint_delta" (sorted indices
                  as gaps minus one, LEB128 varints: 1 byte for gaps up to 128)
+                 or "all" (k == numel: every entry in order, no index section;
+                 a dense low-bit quantiser)
     index_bytes  length of the index section
 
 Payload, in order: ``[indices][scales: float32 LE, ceil(k / block)][codes]``.
@@ -34,7 +36,7 @@ from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
 
 ValueBits = Literal[8, 4, 2]
-IndexCoding = Literal["uint32", "varint_delta"]
+IndexCoding = Literal["uint32", "varint_delta", "all"]
 VALUE_BITS = get_args(ValueBits)
 INDEX_CODINGS = get_args(IndexCoding)
 DEFAULT_FRACTION = 0.01
@@ -171,12 +173,16 @@ def encode(array: np.ndarray, k: int | None = None, fraction: float | None = Non
         k = min(numel, max(1, math.ceil(fraction * numel))) if numel else 0
     if not 0 <= k <= numel:
         raise ValueError(f"k={k} outside [0, {numel}]")
+    if index_coding == "all" and k != numel:
+        raise ValueError(f"index_coding 'all' sends every entry: k must be {numel}, got {k}")
     if k == numel:
         indices = np.arange(numel, dtype=np.int64)
     else:
         indices = np.sort(np.argpartition(np.abs(flat), numel - k)[numel - k:]) if k else np.zeros(0, np.int64)
     scales, codes = _quantise(flat[indices], value_bits, block)
-    if index_coding == "uint32":
+    if index_coding == "all":
+        index_section = b""
+    elif index_coding == "uint32":
         index_section = indices.astype("<u4").tobytes()
     else:
         gaps = np.diff(indices, prepend=-1) - 1
@@ -191,14 +197,19 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     typed = convert_params(params, TopkParams, "topk params")
     k = require_in_range(typed.k, "k", 0, numel)
     bits, block, coding = typed.value_bits, typed.block, typed.index_coding
-    if coding == "uint32":
+    if coding == "all":
+        require_in_range(k, "k", numel, numel)
+        index_bytes = require_in_range(typed.index_bytes, "index_bytes", 0, 0)
+    elif coding == "uint32":
         index_bytes = require_in_range(typed.index_bytes, "index_bytes", 4 * k, 4 * k)
     else:
         index_bytes = require_in_range(typed.index_bytes, "index_bytes", k, _MAX_VARINT_BYTES * k)
     n_scales = math.ceil(k / block) if k else 0
     reader.expect_total(index_bytes + 4 * n_scales + _code_bytes(k, bits))
 
-    if coding == "uint32":
+    if coding == "all":
+        indices = np.arange(numel, dtype=np.int64)
+    elif coding == "uint32":
         indices = reader.take(k, "<u4", "indices").astype(np.int64)
         if k and (int(indices[-1]) >= numel or (k > 1 and (np.diff(indices) <= 0).any())):
             raise WireFormatError("indices out of range or not strictly increasing")

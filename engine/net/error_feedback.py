@@ -8,7 +8,9 @@ dropped and adds it to the next update, so over many rounds everything is sent:
     residual'  = acc - sent
 
 hence ``sum(sent over N rounds) == sum(grad over N rounds) - residual_N``.
-One residual is kept per tensor name, in float32 like the gradients.
+One residual is kept per tensor name, in float32 like the gradients. With a
+``decay`` below 1 the residual is multiplied by it first (``acc = grad + decay *
+residual``): SparseLoCo's accumulator, which then also plays the role of momentum.
 
 What this module does not know: where the encoded tensors go, how replicas
 aggregate them, or which optimiser consumes them.
@@ -26,8 +28,11 @@ from engine.net.tensor_codec import EncodedTensor, decode_tensor, encode_tensor
 class ErrorFeedback:
     """Per-tensor residual memory around one lossy encoding (default: top 1 %, int8 values)."""
 
-    def __init__(self, encoding: str = "topk", **params: Any) -> None:
+    def __init__(self, encoding: str = "topk", *, decay: float = 1.0, **params: Any) -> None:
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
         self.encoding = encoding
+        self.decay = float(decay)
         self.params = dict(params) if params or encoding != "topk" else {"fraction": 0.01}
         self._residuals: dict[str, np.ndarray] = {}
 
@@ -41,7 +46,12 @@ class ErrorFeedback:
         residual = self._residuals.get(name)
         if residual is not None and residual.shape != grad.shape:
             raise ValueError(f"{name}: shape {grad.shape} differs from the residual's {residual.shape}")
-        acc = grad + residual if residual is not None else grad.copy()
+        if residual is None:
+            acc = grad.copy()
+        elif self.decay == 1.0:
+            acc = grad + residual
+        else:
+            acc = grad + np.float32(self.decay) * residual
         encoded = encode_tensor(acc, self.encoding, **self.params)
         sent = decode_tensor(encoded.header, encoded.payload, max_elements=max(1, acc.size), expected_shape=acc.shape)
         self._residuals[name] = acc - sent

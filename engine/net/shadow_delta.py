@@ -13,6 +13,11 @@ name, with :meth:`WeightDelta.to_wire` / :meth:`WeightDelta.from_wire` for a
 (:class:`OutOfSequence`: it must resync from full weights instead), and a delta
 whose sum would not be finite; a refused delta leaves its shadow untouched.
 
+With ``encoding="sparse_exact"`` (``engine.net.codec_sparse_exact``) a delta is not added
+but assigned: only the entries whose bits changed travel, at their exact new values
+(``value_dtype`` float32 or bfloat16), and the shadow then equals the sender's weights (or
+their bf16 rounding) exactly.
+
 What this module does not know: links, framing, or where weights come from.
 """
 
@@ -25,6 +30,7 @@ from typing import Annotated, Any, Mapping
 import numpy as np
 from msgspec import Meta
 
+from engine.net import codec_sparse_exact
 from engine.net.codec_checks import convert_params
 from engine.net.errors import WireFormatError
 from engine.net.tensor_codec import DEFAULT_MAX_ELEMENTS, EncodedTensor, decode_tensor, encode_tensor
@@ -110,11 +116,14 @@ class DeltaSender:
             value = np.asarray(value, dtype=np.float32)
             if shadow is None or value.shape != shadow.shape:
                 raise ValueError(f"{name}: not in the shadow or shape {value.shape} differs")
-            delta = value - shadow
-            encoded = encode_tensor(delta, self.encoding, **self.params)
-            decoded = decode_tensor(encoded.header, encoded.payload,
-                                    max_elements=max(1, shadow.size), expected_shape=shadow.shape)
-            updated = shadow + decoded
+            if self.encoding == codec_sparse_exact.ENCODING:
+                encoded, updated = codec_sparse_exact.encode(shadow, value, **self.params)
+            else:
+                delta = value - shadow
+                encoded = encode_tensor(delta, self.encoding, **self.params)
+                decoded = decode_tensor(encoded.header, encoded.payload,
+                                        max_elements=max(1, shadow.size), expected_shape=shadow.shape)
+                updated = shadow + decoded
             updated.flags.writeable = False
             self._shadow[name] = updated
             tensors[name] = encoded
@@ -156,6 +165,10 @@ class DeltaReceiver:
             shadow = self._shadow.get(name)
             if shadow is None:
                 raise WireFormatError(f"weight delta for unknown tensor {name[:40]!r}")
+            if codec_sparse_exact.is_sparse_exact(encoded.header):
+                updated[name] = codec_sparse_exact.apply(shadow, encoded.header, encoded.payload,
+                                                         max_elements=self._max_elements)
+                continue
             value = decode_tensor(encoded.header, encoded.payload,
                                   max_elements=min(self._max_elements, max(1, shadow.size)),
                                   expected_shape=shadow.shape, expected_dtype="float32")

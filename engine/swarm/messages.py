@@ -371,6 +371,7 @@ class WeightsReq(WireMessage, frozen=True, tag="weights_req"):
 
     stage: StageIndex  # the stage wanted
     stream: bool = False  # inference replicas: also start a weight-delta stream from these weights
+    outer_state: bool = False  # diloco resync: send the outer momentum next to the synced weights
 
 
 class Weights(WireMessage, frozen=True, tag="weights"):

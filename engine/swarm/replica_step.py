@@ -10,6 +10,16 @@ applies, optionally writes the stage checkpoint, and reports ``stepped``. A repl
 that joins or drifted asks another for full weights (``weights_req`` / ``weights``;
 ``sync`` from the coordinator names the source).
 
+With ``replica_sync.mode = "diloco"`` a trainer steps on its own gradient (no share) and,
+at versions that are multiples of ``inner_steps``, right after that inner step, sends its
+compressed pseudo-gradient (``share`` keyed by that version), waits for the others' as above
+and takes the identical outer step (``engine.swarm.outer_sync``). A replica's full weights
+are then the anchor (the weights at the last sync), with the outer momentum when asked
+(``weights_req.outer_state``: a resync), so a joiner starts where every replica agrees.
+The exchange is not overlapped with the next inner steps: it is one message of a few KB
+(tiny base) to a few hundred KB (a LoRA adapter) every H steps, against seconds of compute
+per step, and applying it late would need every replica to replay its inner steps.
+
 Hooks: ``release_through(step)`` frees the training activations of the applied
 step; ``after_step(apply_message)`` lets the weight-stream leader stream.
 
@@ -28,6 +38,7 @@ from engine.net.errors import ProtocolViolation
 from engine.swarm import messages, tensor_bundle
 from engine.swarm.messages import Apply, Share, Sync, Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
+from engine.swarm.outer_sync import MOMENTUM_PREFIX, OuterSync, scale_grads, split_momentum
 from engine.swarm.replica_sync import ReplicaCompressor, aggregate, dense_nbytes
 from engine.swarm.tied_sync import TiedSync
 
@@ -55,12 +66,19 @@ class ReplicaStep:
         self._shares: dict[int, dict[str, tuple[list, bytes]]] = {}
         self._share_event = asyncio.Event()
         self._compressor: ReplicaCompressor | None = None
+        #: DiLoCo state (mode "diloco"); None until the first step after a load
+        self._outer: OuterSync | None = None
 
     def new_weights(self, fresh: bool) -> None:
         """A stage was loaded (``fresh``: new weights, so the error-feedback residual starts over)."""
         run_cfg = self.ctx.stage.run_cfg
         if fresh or self._compressor is None:
             self._compressor = ReplicaCompressor(run_cfg.update_encoding, run_cfg.update_topk_fraction)
+            self._outer = None  # the loaded weights become the anchor at the next step
+
+    @property
+    def _diloco(self) -> bool:
+        return self.ctx.stage.run_cfg.replica_sync.mode == "diloco"
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_apply(self, msg: Apply) -> None:
@@ -81,7 +99,7 @@ class ReplicaStep:
         self._share_event.set()
 
     def on_weights_req(self, sender: str, header: WeightsReq, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._send_weights(sender), f"polis-weights-{sender[:8]}")
+        self.ctx.tasks.spawn(self._send_weights(sender, header.outer_state), f"polis-weights-{sender[:8]}")
 
     def forget(self, step: int | None = None) -> None:
         """Drop the shares of ``step`` (aborted), or of every step (jobs abandoned)."""
@@ -99,7 +117,12 @@ class ReplicaStep:
         grads = await ctx.compute.run(rt.grads)
         dense = dense_nbytes(grads)
         update_bytes = 0
-        if others:
+        diloco = self._diloco
+        if diloco:
+            if self._outer is None:  # the weights before this step are the anchor
+                self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, await ctx.compute.run(rt.state_dict))
+            agg = await ctx.compute.run(scale_grads, grads, len(msg.replicas))  # an inner step, alone
+        elif others:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
             entries, payload = tensor_bundle.pack(encoded)
             update_bytes = len(payload)
@@ -128,8 +151,10 @@ class ReplicaStep:
         else:
             norm = await ctx.compute.run(rt.apply, tied.grads, ctx.stage.run_cfg.max_grad_norm, version,
                                          tied.norm)
+        if diloco and ctx.stage.run_cfg.replica_sync.synced_at(version):
+            update_bytes = await self._outer_sync(version, others)
         checksum = await ctx.compute.run(rt.checksum)
-        self._shares = {s: v for s, v in self._shares.items() if s > step}
+        self._shares = {s: v for s, v in self._shares.items() if s > (version if diloco else step)}
         await self._release_through(step)
         path = None
         if msg.checkpoint:
@@ -140,6 +165,35 @@ class ReplicaStep:
                                                     dense_bytes=int(dense), checkpoint_path=path))
         self._after_step(msg)
         ctx.on_status()
+
+    async def _outer_sync(self, version: int, others: list[str]) -> int:
+        """DiLoCo's sync after the inner step to ``version``; returns the bytes of our share."""
+        ctx, rt, outer = self.ctx, self.ctx.stage.rt, self._outer
+        weights = await ctx.compute.run(rt.state_dict)
+        if not others:  # alone: nothing to average with; our weights are the synced ones
+            self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, weights, outer.momentum_state())
+            return 0
+        encoded, own = await ctx.compute.run(outer.compress, weights)
+        entries, payload = tensor_bundle.pack(encoded)
+        share = Share(step=version, tensors=tensor_bundle.wire_entries(entries))  # keyed by the synced version
+        loop = asyncio.get_running_loop()
+        sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-outer-{version}-{p[:8]}")
+                 for p in others]
+        for peer, result in zip(others, await asyncio.gather(*sends, return_exceptions=True)):
+            if isinstance(result, Exception):
+                log.warning("could not send our pseudo-gradient to replica %s: %s", peer, result)
+        received = await self._await_shares(version, others)
+        shapes = {name: a.shape for name, a in own.items()}
+        contributions = {ctx.peer_id: own}
+        for peer, (peer_entries, peer_payload) in received.items():
+            try:
+                contributions[peer] = tensor_bundle.unpack(peer_entries, peer_payload, shapes, require_all=True)
+            except ProtocolViolation as exc:
+                log.warning("replica %s sent an unusable pseudo-gradient (%s); syncing without it", peer, exc)
+        agg = await ctx.compute.run(aggregate, contributions)
+        synced = await ctx.compute.run(outer.outer_step, agg, len(contributions))
+        await ctx.compute.run(rt.set_weights, synced, version)
+        return len(payload)
 
     async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
         deadline = time.monotonic() + self.share_timeout_s
@@ -168,9 +222,13 @@ class ReplicaStep:
         return root / "stages" / (stage.run_id or "run") / f"stage{stage.spec.stage_index}.safetensors"
 
     # ------------------------------------------------------------------ full weights between replicas
-    async def _send_weights(self, peer: str) -> None:
+    async def _send_weights(self, peer: str, outer_state: bool = False) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state, version = await ctx.compute.run(rt.snapshot)
+        if self._diloco and self._outer is not None:  # the weights every replica agreed on last
+            state = self._outer.weights()
+            if outer_state:
+                state.update({MOMENTUM_PREFIX + n: m for n, m in self._outer.momentum_state().items()})
         entries, payload = await ctx.compute.run(tensor_bundle.pack_arrays, state)
         await ctx.peers.send(peer, Weights(stage=ctx.stage.spec.stage_index, version=int(version),
                                            config=rt.model_config.to_hf_dict(),
@@ -179,10 +237,20 @@ class ReplicaStep:
     async def _resync(self, source: str) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         waiter = ctx.weights.expect(source)
-        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index))
+        diloco = self._diloco
+        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index, outer_state=diloco))
         header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
-        weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
+        shapes = await ctx.compute.run(rt.shapes)
+        expected = dict(shapes)
+        if diloco:  # the outer momentum may come along (none before the first outer step)
+            expected.update({MOMENTUM_PREFIX + n: s for n, s in shapes.items()})
+        received = tensor_bundle.unpack(header.tensors, payload, expected)
+        weights, momentum = split_momentum(received)
+        if len(weights) != len(shapes):
+            raise ProtocolViolation(f"weights from {source} lack {len(shapes) - len(weights)} tensors")
         await ctx.compute.run(rt.set_weights, weights, header.version)
         self._compressor.reset()
+        if diloco:
+            self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, weights, momentum)
         log.info("resynchronised stage %d from %s at version %d", ctx.stage.spec.stage_index, source,
                  header.version)

@@ -38,6 +38,9 @@ ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]
 UPDATE_ENCODINGS = get_args(UpdateEncoding)
+#: when replicas exchange: every optimiser step (gradients) or every H inner steps (pseudo-gradients)
+ReplicaSyncMode = Literal["every_step", "diloco"]
+REPLICA_SYNC_MODES = get_args(ReplicaSyncMode)
 
 _checking = threading.local()
 
@@ -96,6 +99,59 @@ class EnvSettings:
 
 
 @dataclass(frozen=True)
+class ReplicaSyncSettings:
+    """How the replicas of a stage keep their weights together (``engine.swarm.outer_sync``).
+
+    Fields:
+      mode: "every_step" (default): every optimiser step the replicas exchange their gradients
+        (``RunConfig.update_encoding``) and take one identical step. "diloco": each replica
+        takes ``inner_steps`` AdamW steps on its own micro-batches alone (its gradient scaled
+        by the number of replicas, an estimate of the whole step's), then the replicas
+        exchange pseudo-gradients (weights at the last sync minus now), compressed with error
+        feedback, aggregate them robustly (``engine.swarm.replica_sync.aggregate``, the mean)
+        and take one identical outer step: after it every replica holds the same bits. A
+        policy version still advances per inner step (so rollouts keep their staleness
+        accounting and ``max_staleness`` keeps its meaning); replicas agree only at versions
+        that are multiples of ``inner_steps``. Between syncs a rollout's version names the
+        inner step, and its weights are those of the route that sampled it (route r takes
+        replica r of every stage, so a route is one consistent model); the routes differ by
+        at most the inner steps since the last sync. Behaviour log-probs are recorded by the
+        sampling stage, so the off-policy correction sees the policy that really sampled; the
+        proximal pass may run on another route than the update (its anchor then differs by
+        that divergence, which PPO's clip bounds). Inference replicas follow their stage
+        leader's weights through the weight stream as before: its inner steps, and the
+        synced weights after each sync. Stage checkpoints hold the leader's weights.
+      inner_steps: H, inner steps between syncs (unit: versions). 1 is every step with
+        pseudo-gradients.
+      outer_lr: step size of the outer update (1.0 with momentum 0: the new weights are the
+        last synced ones minus the mean pseudo-gradient, i.e. plain averaging).
+      outer_momentum: Nesterov momentum of the outer step (DiLoCo: 0.9 with outer_lr 0.7;
+        SparseLoCo: 0, the error-feedback residual acts as the momentum).
+      encoding: how pseudo-gradients travel, with error feedback: "topk" (the
+        ``topk_fraction`` largest entries per tensor, ``value_bits`` per value, varint index
+        gaps), "int8" (every entry, per-row scales) or "fp32" (lossless).
+      topk_fraction: share of a tensor's entries sent per sync with "topk" (1.0: every
+        entry, no index section: dense ``value_bits`` quantisation with error feedback).
+      value_bits: bits per sent value with "topk" (8, 4 or 2; scales per 4096 values).
+      error_decay: the residual is multiplied by this before the next pseudo-gradient is
+        added (SparseLoCo's beta; 1.0 keeps everything owed).
+    """
+
+    mode: ReplicaSyncMode = "every_step"
+    inner_steps: Annotated[int, Meta(ge=1, le=100_000)] = 8
+    outer_lr: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
+    outer_momentum: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
+    encoding: UpdateEncoding = "topk"
+    topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
+    value_bits: Literal[8, 4, 2] = 2
+    error_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
+
+    def synced_at(self, version: int) -> bool:
+        """Whether every replica of a stage holds the same weights at ``version``."""
+        return self.mode == "every_step" or version % self.inner_steps == 0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One RL run across the swarm.
 
@@ -133,6 +189,8 @@ class RunConfig:
         25-30 points slower than the in-process trainer at 480 versions, int8 and fp32 kept
         pace, so int8 is the default and top-k is for links too slow for it.
       update_topk_fraction: share of gradient entries sent each step with "topk".
+      replica_sync: every step (gradients, ``update_encoding``) or DiLoCo-style every H inner
+        steps (compressed pseudo-gradients, an outer step): ``ReplicaSyncSettings``.
       prompts_per_job: prompts of one token length decoded together in one generation job
         (prompts_per_job x group_size rows share a KV cache; more rows amortise per-step latency).
       generations_in_flight: generation jobs kept in flight per pipeline route (the replay
@@ -164,6 +222,7 @@ class RunConfig:
     activation_encoding: ActivationEncoding = "int8_rowwise"
     update_encoding: UpdateEncoding = "int8"
     update_topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
+    replica_sync: ReplicaSyncSettings = field(default_factory=ReplicaSyncSettings)
     prompts_per_job: Annotated[int, Meta(ge=1, le=256)] = 8
     # two WebRTC hops per token need several jobs to keep both stages busy
     generations_in_flight: Annotated[int, Meta(ge=1, le=64)] = 8

@@ -245,18 +245,20 @@ class StepRunner:
         for m in reports.values():
             self.update_bytes += m.update_bytes
             self.dense_update_bytes += m.dense_bytes
-        await self._check_replicas(reports)
+        await self._check_replicas(reports, version)
         return True
 
-    async def _check_replicas(self, reports: dict[str, messages.Stepped]) -> None:
-        """Replicas of a stage must hold equal weights; resync any that drifted."""
+    async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> None:
+        """Replicas of a stage must hold equal weights (under DiLoCo only right after a sync,
+        ``RunConfig.replica_sync``); resync any that drifted."""
+        agree = self.run.replica_sync.synced_at(version)
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
             for _, m in seen:
                 if m.checkpoint_path:
                     self.checkpoints[stage] = m.checkpoint_path
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
-            if len(seen) < 2:
+            if len(seen) < 2 or not agree:
                 continue
             leader, lead = seen[0]
             for peer, m in seen[1:]:

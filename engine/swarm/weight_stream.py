@@ -18,7 +18,10 @@ weights (they travel as lossless fp32) when they arrive.
   ``wlead``, whether to apply it, ignore it (a leftover of an older stream) or
   fetch full weights again, and applies deltas to its shadow.
 
-Codec: ``int8_rowwise`` (``engine.net.codec_int8``). AdamW moves *every* weight
+Codec: ``int8_rowwise`` (``engine.net.codec_int8``) by default, or ``sparse_exact``
+(``engine.net.codec_sparse_exact``: only the entries whose fp32 or bf16 bits changed, at
+their exact values, so the replica equals the leader's weights, or their bf16 rounding,
+with no residual at all). AdamW moves *every* weight
 a little each step, so a step's delta is dense: top-k would leave most of it in
 the shadow residual and the replica would lag several versions behind; int8
 with one scale per row costs 1/4 of fp32 (plus about a byte per row), its error
@@ -42,6 +45,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from engine.net.codec_sparse_exact import ENCODING as SPARSE_EXACT
 from engine.net.errors import WireFormatError
 from engine.net.shadow_delta import DeltaReceiver, DeltaSender, WeightDelta
 from engine.swarm.tensor_bundle import checksum
@@ -62,16 +66,24 @@ class WeightStreamConfig:
       holds one fp32 copy of the stage (its shadow). Over the cap the stream used
       least recently is dropped (that replica fetches full weights when it next
       hears from the leader).
-    payload_slack_bytes: a delta's payload may exceed the largest int8 encoding of
-      the stage (a byte per weight, per row and per column, plus two scale references
-      per tensor) by this much; anything larger is refused before decoding.
+    payload_slack_bytes: a delta's payload may exceed the largest encoding of the stage
+      (int8: a byte per weight, per row and per column, plus two scale references per
+      tensor; sparse_exact: every entry, a 5-byte index and its value) by this much;
+      anything larger is refused before decoding.
+    value_dtype: with ``sparse_exact``, "float32" (exact weights) or "bfloat16" (exact bf16
+      rounding of the weights, what a bf16 generation copy holds).
     """
 
     encoding: str = "int8_rowwise"
     max_streams: int = 16
     payload_slack_bytes: int = 1 << 16
+    value_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.encoding not in ("int8_rowwise", SPARSE_EXACT):
+            raise ValueError(f"weight stream encoding must be int8_rowwise or {SPARSE_EXACT}")
+        if self.value_dtype not in ("float32", "bfloat16"):
+            raise ValueError("value_dtype must be float32 or bfloat16")
         if self.max_streams < 1:
             raise ValueError("max_streams must be >= 1")
         if self.payload_slack_bytes < 0:
@@ -105,12 +117,21 @@ def dense_nbytes(weights: Mapping[str, np.ndarray]) -> int:
     return sum(int(np.asarray(w).size) * 4 for w in weights.values())
 
 
-def _int8_cap(shape: tuple[int, ...]) -> int:
-    """Largest ``int8_rowwise`` payload of a tensor of ``shape`` (row and column scales included)."""
+def _payload_cap(shape: tuple[int, ...], config: WeightStreamConfig) -> int:
+    """Largest honest payload of a tensor of ``shape``: ``int8_rowwise`` (row and column scales
+    included) or ``sparse_exact`` (every entry: a varint index of at most 5 bytes and its value)."""
     numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if config.encoding == SPARSE_EXACT:
+        return numel * (5 + (2 if config.value_dtype == "bfloat16" else 4))
     cols = shape[-1] if shape else 1
     rows = numel // cols if cols else 0
     return numel + rows + cols + 8
+
+
+def _sender(weights: Mapping[str, np.ndarray], config: WeightStreamConfig) -> DeltaSender:
+    if config.encoding == SPARSE_EXACT:
+        return DeltaSender(weights, SPARSE_EXACT, value_dtype=config.value_dtype)
+    return DeltaSender(weights, config.encoding)
 
 
 class StreamLeader:
@@ -140,7 +161,7 @@ class StreamLeader:
             del self._streams[oldest]
         stream_id = self._next_id
         self._next_id = (self._next_id + 1) % STREAM_ID_LIMIT
-        self._streams[peer] = _Stream(stream_id, DeltaSender(weights, self.config.encoding), version)
+        self._streams[peer] = _Stream(stream_id, _sender(weights, self.config), version)
         return stream_id
 
     def retain(self, peers: Iterable[str]) -> None:
@@ -193,7 +214,8 @@ class StreamFollower:
         """Follow ``source``'s stream ``stream_id``, starting from exactly ``weights``."""
         self._receiver = DeltaReceiver(weights)
         self.source, self.stream_id, self.version = source, int(stream_id), int(version)
-        self._max_payload = self.config.payload_slack_bytes + sum(_int8_cap(np.shape(w)) for w in weights.values())
+        self._max_payload = self.config.payload_slack_bytes + sum(_payload_cap(np.shape(w), self.config)
+                                                                 for w in weights.values())
 
     def forget(self) -> None:
         """Stop following (new stage, or weights loaded some other way)."""
