@@ -268,6 +268,12 @@ class Coordinator:
 
     async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
         peer_id = hello.peer_id
+        banned_s = self.members.banned_for(peer_id)
+        if banned_s > 0:
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason=f"evicted for not answering in time; this node may rejoin in {banned_s:.0f} s "
+                       "(check its network and load)")))
+            return None
         old = self.sessions.pop(peer_id, None)
         if old is not None:
             remove_node(self.assignment, peer_id)

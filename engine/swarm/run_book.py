@@ -41,6 +41,10 @@ class NodeLinks(Protocol):
     def inference_replicas(self) -> list[list[str]]:
         """The ready inference replicas of each stage (they follow the leader's weight stream)."""
 
+    def evict(self, peer_id: str, why: str) -> None:
+        """Take ``peer_id`` out of every route now, close its session and refuse it for a while
+        (``why``: what it failed to do, for the log and the node)."""
+
 
 class RunBook:
     """Version, end of training and counters of one run, shared by the coordinator's parts."""

@@ -55,7 +55,7 @@ class StepRunner:
         self.book, self.evals, self.links = book, evals, links
         self.step_timeout_s = step_timeout_s
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
-                                                 timeout_s=step_timeout_s)
+                                                 timeout_s=step_timeout_s, mb_timeout_s=run.microbatch_timeout_s)
         #: staleness (versions) of every group that left the buffer: trained, dropped stale or idle
         #: kept in the store at every step, so a restarted coordinator and `polis export` see it whole
         saved_hist = store.get_meta("staleness_histogram", {}) or {}
@@ -231,6 +231,8 @@ class StepRunner:
                 break
             if time.monotonic() >= deadline:
                 log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
+                for peer in sorted(waiting):  # one trainer each: no doubt who was silent
+                    self.microbatches.health.missed([peer], f"no 'stepped' for step {step}")
                 break
             self._stepped_event.clear()
             try:
@@ -267,6 +269,7 @@ class StepRunner:
     # ------------------------------------------------------------------ node reports
     def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:
         self._mb_losses[m.step].append(m)
+        self.microbatches.on_mb_loss(sender, m)
 
     def on_stepped(self, sender: str, m: messages.Stepped) -> None:
         if m.step == self.book.version:
