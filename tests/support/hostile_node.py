@@ -4,13 +4,14 @@ Two forms, one harness. A real node that misbehaves in one named way
 (``python -m tests.support.hostile_node MISBEHAVIOUR polis-args...``; :func:`node_argv`
 builds that command line; :data:`MISBEHAVIOURS` lists the ways): it is the real
 ``polis node`` (weights, WebRTC, compute) with one behaviour patched in this process only,
-switched on once the node reports ``ready``. And a bare websocket client, :func:`join`, which opens a real ``/node`` websocket to a running coordinator, answers the
-challenge with a correctly signed hello whose other fields the test chooses (a stage that
-does not exist, a version from the far future, ...), and returns the coordinator's first
-reply (``welcome`` or ``shutdown``) with the socket still open, so the test can go on
-sending whatever the misbehaviour needs. It is a test helper: it never computes anything.
+switched on once the node reports ``ready``. And a bare websocket client, :func:`join`,
+which opens a real ``/node`` websocket to a running coordinator, answers the challenge
+with a correctly signed hello whose other fields the test chooses (a stage that does not
+exist, a version from the far future, ...), and returns the coordinator's first reply
+(``welcome`` or ``shutdown``) with the socket still open, so the test can go on sending
+whatever the misbehaviour needs; it never computes anything.
 
-What it does not know: stages, weights, the node's real pipeline (``engine.swarm.node``).
+What it does not know: what the real node computes (``engine.swarm.node``); why a test wants a liar.
 """
 
 from __future__ import annotations
