@@ -58,7 +58,7 @@ from engine.swarm.run_task import make_run_task
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner
-from engine.swarm.store import Store
+from engine.swarm.store import Store, StoreUnavailable
 from engine.swarm.stream_book import StreamBook
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,8 @@ class Coordinator:
             await asyncio.sleep(self.config.tick_s)
             try:
                 self.generation.expire_jobs()
+                if not self.store.writable():
+                    continue  # fail closed: nothing is generated or trained that could not be stored
                 await self.generation.fill()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
@@ -235,6 +237,9 @@ class Coordinator:
                     break
                 try:
                     self.reports.handle(session, messages.decode_from_node(msg.data))
+                except StoreUnavailable as exc:  # our disk, not the node's fault: the session stays
+                    self.book.counters["reports_lost_to_storage"] += 1
+                    log.debug("could not store a report of %s: %s", session.peer_id, exc)
                 except (ValueError, ProtocolViolation) as exc:
                     strikes += 1
                     log.warning("invalid message from %s (%d strikes): %s", session.peer_id, strikes, exc)
@@ -303,8 +308,11 @@ class Coordinator:
             return None
         session.stage = stage
         self.sessions[peer_id] = session
-        self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
-                               stage=stage, role=role)
+        try:
+            self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
+                                   stage=stage, role=role)
+        except StoreUnavailable as exc:  # admitted all the same: the peer row is for the ledger only
+            log.warning("node %s admitted without its peer record (%s)", peer_id, exc)
         await ws.send_str(messages.encode(welcome))
         await self._broadcast_members()
         log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
@@ -376,6 +384,7 @@ class Coordinator:
             "samples": list(generation.samples),
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
+            "storage_error": self.store.write_error,  # None, or why ingestion and training are paused
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
             "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
             "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),

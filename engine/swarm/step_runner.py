@@ -117,6 +117,8 @@ class StepRunner:
         """Train on one batch if the buffer holds enough fresh groups; True if the version advanced."""
         if self.book.finished or not self.evals.has_baseline():
             return False  # the "before" eval comes first
+        if not self.store.writable():
+            return False  # fail closed: a step whose rollouts and version cannot be recorded waits
         if self.run.max_versions and self.book.version >= self.run.max_versions:
             return False
         routes = self.links.routes()
