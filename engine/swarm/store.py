@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-log = logging.getLogger(__name__)
-
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 #: what a stored rollout can be: waiting in the replay buffer, trained on, or dropped (stale / no signal)
