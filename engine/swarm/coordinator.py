@@ -211,6 +211,8 @@ class Coordinator:
             source, source_peer = "peer", trainers[0]  # the stage leader, who then streams deltas to it
         elif ready and self.book.version > 0:
             source, source_peer = "peer", ready[0]
+        elif self.book.version > 0 and session.role == "trainer":
+            checkpoint = self.steps.checkpoint_of(stage, self.book.version)  # None: see ``stage_lost``
         else:
             checkpoint = self.steps.checkpoints.get(stage)
         return messages.Welcome(stage=stage, num_stages=self.num_stages, layer_start=spec.layer_start,
@@ -301,6 +303,11 @@ class Coordinator:
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
         welcome = self._welcome(session, stage, hello)
+        lost = self.stage_lost(stage) if welcome.source == "checkpoint" and role == "trainer" else None
+        if lost is not None:
+            await ws.send_str(messages.encode(messages.Shutdown(reason=lost[:500])))
+            remove_node(self.assignment, peer_id)
+            return None
         if welcome.source == "checkpoint" and not hello.has_base:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))
@@ -334,6 +341,19 @@ class Coordinator:
             moved.stage, moved.ready = new_stage, False
             await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
+
+    def stage_lost(self, stage: int) -> str | None:
+        """Why ``stage`` cannot be served at the run's version, or None. Its weights of that
+        version exist only on its replicas and in a checkpoint of exactly that version: with
+        every replica gone and no such checkpoint, training pauses (a new node would otherwise
+        serve base weights labelled with the current version)."""
+        version = self.book.version
+        if version == 0 or self.members.stage_replicas()[stage] or self.steps.checkpoint_of(stage, version):
+            return None
+        last = self.steps.checkpoint_versions.get(stage)
+        return (f"training is paused: every replica of stage {stage} left and no checkpoint of version {version} "
+                f"exists (its last is {'unknown' if last is None else f'of version {last}'}); bring back a node "
+                "that held it, or start a new run")
 
     # ------------------------------------------------------------------ HTTP API
     def _admin(self, handler):
@@ -385,6 +405,7 @@ class Coordinator:
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
             "storage_error": self.store.write_error,  # None, or why ingestion and training are paused
+            "paused": [why for why in map(self.stage_lost, range(self.num_stages)) if why is not None],
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
             "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
             "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),

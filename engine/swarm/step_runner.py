@@ -65,6 +65,9 @@ class StepRunner:
         self.dense_update_bytes = 0
         saved = store.get_meta("stage_checkpoints", {}) or {}
         self.checkpoints: dict[int, str] = {int(k): v for k, v in saved.items()}
+        saved = store.get_meta("stage_checkpoint_versions", {}) or {}
+        #: stage -> the version of its last checkpoint (unknown for runs from before it was kept)
+        self.checkpoint_versions: dict[int, int] = {int(k): int(v) for k, v in saved.items()}
         self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
         self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
@@ -258,7 +261,9 @@ class StepRunner:
             for _, m in seen:
                 if m.checkpoint_path:
                     self.checkpoints[stage] = m.checkpoint_path
+                    self.checkpoint_versions[stage] = m.version
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
+                    self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
             if len(seen) < 2:
                 continue
             leader, lead = seen[0]
@@ -267,6 +272,13 @@ class StepRunner:
                     self.book.counters["resyncs"] += 1
                     log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
                     await self.links.send(peer, messages.Sync(source_peer=leader))
+
+    def checkpoint_of(self, stage: int, version: int) -> str | None:
+        """The stage checkpoint holding exactly ``version`` (None: there is none; at version 0 the
+        base is that checkpoint)."""
+        if self.checkpoint_versions.get(stage) == version:
+            return self.checkpoints.get(stage)
+        return None
 
     # ------------------------------------------------------------------ node reports
     def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:
