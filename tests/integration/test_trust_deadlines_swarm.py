@@ -3,9 +3,10 @@
 A clean 2x2 swarm of real torch nodes sets the pace (versions per minute over a fixed window
 once training has started). Then the same 2x2 swarm trains with three hostile real nodes
 (``tests.support.hostile_node``) beside it: one ignores its training messages, one stops
-reading its coordinator websocket, one stops draining SCTP. The run must keep at least half
-the clean pace, and each hostile node must leave the training routes within two step
-deadlines of the first step that routes it.
+reading its coordinator websocket, one stops draining SCTP. The pace is measured from the moment
+training may start (the "before" eval is recorded), so what the hostile nodes cost is inside the
+window. The run must keep at least half the clean pace, and each hostile node must leave the
+training routes within two step deadlines of becoming ready.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ HOSTILE = {"h-ignore": "ignore_train_in", "h-deaf": "stop_reading_ws", "h-stall"
 
 
 def _pace(swarm: Swarm, watch: dict[str, str] | None = None) -> tuple[float, dict[str, dict], dict]:
-    """Versions per minute over ``WINDOW_S`` from the first version; for each watched peer id
-    when it was first ready and when it first left the ready nodes after that."""
+    """Versions per minute over ``WINDOW_S`` from when training may start (the "before" eval is
+    recorded); for each watched peer id when it was first ready and when it first left the ready
+    nodes after that."""
     watch = watch or {}
     seen = {name: {"ready_at": None, "gone_at": None} for name in watch}
     started, first = None, None
@@ -43,10 +45,8 @@ def _pace(swarm: Swarm, watch: dict[str, str] | None = None) -> tuple[float, dic
                 seen[name]["ready_at"] = now
             if peer not in ready and seen[name]["ready_at"] is not None and seen[name]["gone_at"] is None:
                 seen[name]["gone_at"] = now
-        if stats.get("version", 0) >= 1 and started is None:
+        if stats.get("evals") and started is None:
             started, first = now, stats["version"]
-            for name in watch:
-                seen[name]["training_from"] = now
         if started is not None and now - started >= WINDOW_S:
             return (stats["version"] - first) * 60.0 / (now - started), seen, stats
         time.sleep(0.5)
@@ -77,13 +77,12 @@ def test_peers_that_ignore_train_in_stop_reading_or_stop_draining_cost_under_hal
         pace, seen, stats = _pace(swarm, peers)
     finally:
         swarm.stop()
-    print(f"clean {clean_pace:.1f} versions/min, with three hostile peers {pace:.1f}; {seen}; "
-          f"counters {stats.get('counters')}")
+    gone_after = {name: round(t["gone_at"] - t["ready_at"], 1) for name, t in seen.items() if t["gone_at"]}
+    print(f"clean {clean_pace:.1f} versions/min, with three hostile peers {pace:.1f}; out of the routes "
+          f"after (s): {gone_after}; counters {stats.get('counters')}")
     assert pace >= 0.5 * clean_pace, (pace, clean_pace, stats.get("counters"))
     for name, times in seen.items():
         assert times["ready_at"] is not None and times["gone_at"] is not None, (name, seen, stats.get("counters"))
-        # from the later of "it was ready" and "training started": that is when deadlines apply
-        since = max(times["ready_at"], times.get("training_from", times["ready_at"]))
-        assert times["gone_at"] - since <= 2 * STEP_TIMEOUT_S + 2.0, (name, seen)
+        assert times["gone_at"] - times["ready_at"] <= 2 * STEP_TIMEOUT_S + 2.0, (name, seen)
     ready = {n["peer_id"] for n in stats["nodes"] if n["ready"]}
     assert not ready & set(peers.values()), (ready, peers)  # none of them got back in
