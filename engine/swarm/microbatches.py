@@ -122,6 +122,7 @@ class MicrobatchDispatcher:
                     late = waiting_for(mb)
                     if not late.future.done() and now >= late.due:
                         late.future.set_result(("late", f"no answer within {self.mb_timeout_s:g} s"))
+                retries = []  # every outcome is recorded first, so a retry avoids every trainer that just missed
                 for mb in [m for m in pending if waiting_for(m).future.done()]:
                     finished = waiting_for(mb)
                     status, detail = finished.future.result()
@@ -134,14 +135,16 @@ class MicrobatchDispatcher:
                     if status == "late":
                         cleared = finished.route[-1:] if finished.loss_reported else ()
                         self.health.missed(finished.route, f"step {step} micro-batch {mb}", cleared=cleared)
+                    retries.append((mb, micro, attempts, start, finished.route, status, detail))
+                for mb, micro, attempts, start, missed, status, detail in retries:
                     self.counters["retried_microbatches"] += 1
-                    route = self.health.retry_route(finished.route, mb + attempts + 1)
+                    route = self.health.retry_route(missed, mb + attempts + 1)
                     if attempts + 1 >= MAX_MB_ATTEMPTS or route is None:
                         self.last_refused = status == "refused"
                         log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
                         return None
                     log.info("micro-batch %d of step %d failed on %s (%s); retrying on %s", mb, step,
-                             list(finished.route), detail, route)
+                             list(missed), detail, route)
                     pending[mb] = (micro, attempts + 1, start)
                     await dispatch(mb, micro, start, route)
             return results

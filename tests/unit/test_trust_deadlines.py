@@ -97,3 +97,22 @@ def test_a_pass_whose_every_route_is_silent_fails_at_its_attempts_not_at_the_ste
     result, seconds = asyncio.run(one_pass())
     assert result is None and dispatcher.last_refused is False  # late is not a refusal: rollouts stay
     assert seconds < 4 * MB_TIMEOUT_S + 1.0
+
+
+def test_two_silent_trainers_on_different_stages_of_a_2x3_swarm_are_the_only_ones_evicted():
+    links, counters = RecordingLinks.grid([["a0", "a1", "a2"], ["b0", "b1", "b2"]]), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+    silent = {"a0", "b1"}
+
+    def answer(peer, message):
+        if isinstance(message, messages.TrainOut) and not silent & set(message.route):
+            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
+                                                 messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+
+    async def passes():
+        return [await dispatcher.run(step, _batch(rows=6), None) for step in range(4)]
+    results = asyncio.run(passes())
+    assert sorted(p for p, _ in links.evicted) == ["a0", "b1"], links.evicted
+    assert results[-1] == []  # the last pass ran on honest routes only
