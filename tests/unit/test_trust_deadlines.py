@@ -116,3 +116,30 @@ def test_two_silent_trainers_on_different_stages_of_a_2x3_swarm_are_the_only_one
     results = asyncio.run(passes())
     assert sorted(p for p, _ in links.evicted) == ["a0", "b1"], links.evicted
     assert results[-1] == []  # the last pass ran on honest routes only
+
+
+def test_an_evicted_node_is_refused_when_it_reconnects_and_told_when_it_may_rejoin(tmp_path):
+    from engine.net.identity import Identity
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.coordinator import Coordinator, CoordinatorConfig
+    from tests.support.hostile_node import join
+
+    async def main():
+        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
+                                          num_stages=2, port=0))
+        url = await c.start()
+        try:
+            identity = Identity.generate()
+            first = await join(url, identity)
+            assert first.reply["type"] == "welcome"
+            c.members.evict(identity.peer_id, "missed 2 deadlines in a row (test)")
+            await first.close()
+            again = await join(url, identity)
+            assert again.reply["type"] == "shutdown" and "may rejoin in 300 s" in again.reply["reason"]
+            await again.close()
+            other = await join(url)  # nobody else is refused
+            assert other.reply["type"] == "welcome"
+            await other.close()
+        finally:
+            await c.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
