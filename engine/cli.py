@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
     "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
     "comm": ("engine.bench.comm", "communication schemes: replica-update bytes per sample vs accuracy"),
+    "trust": ("engine.bench.trust", "poisoned rollouts and replica shares vs a clean run: accuracy, steps lost"),
 }
 
 #: module -> packages it needs beyond what contributing needs (the ``real-model`` extra); the

@@ -52,6 +52,10 @@ class LinkConfig:
     inbox_max_messages, inbox_max_bytes: received messages not yet consumed by
         ``recv``; beyond them the peer is flooding (a strike, the message dropped).
     open_timeout_s: how long the data channels may take to open.
+    drain_timeout_s: how long a send may wait for the peer to drain a channel below
+        ``low_water_bytes``; past it the peer is taken as stalled (aiortc's SCTP never gives
+        up on a peer that stops acknowledging) and the link is closed (``closed_reason``
+        ``"stalled"``), so one stuck peer cannot hold its senders forever.
     socket_buffer_bytes: UDP send/receive buffer asked for on the link's sockets
         (the OS clamps it, e.g. to net.core.rmem_max on Linux); 0 = leave the OS
         default. Measured on 2 busy cores: 1 MiB removed the ~1-10 % datagram drops
@@ -69,6 +73,7 @@ class LinkConfig:
     inbox_max_messages: int = 10_000
     inbox_max_bytes: int = 512 * 1024 * 1024
     open_timeout_s: float = 20.0
+    drain_timeout_s: float = 30.0
     socket_buffer_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -78,8 +83,8 @@ class LinkConfig:
             raise ValueError("LinkConfig needs 0 <= low_water_bytes <= high_water_bytes")
         if self.max_strikes < 0 or self.inbox_max_messages < 1 or self.inbox_max_bytes < 1:
             raise ValueError("LinkConfig: max_strikes >= 0, inbox caps >= 1")
-        if self.open_timeout_s <= 0:
-            raise ValueError("LinkConfig.open_timeout_s must be > 0")
+        if self.open_timeout_s <= 0 or self.drain_timeout_s <= 0:
+            raise ValueError("LinkConfig.open_timeout_s and drain_timeout_s must be > 0")
         if self.socket_buffer_bytes < 0:
             raise ValueError("LinkConfig.socket_buffer_bytes must be >= 0")
 

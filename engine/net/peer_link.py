@@ -6,10 +6,12 @@ reliable, ordered data channels: ``"control"`` (small messages) and ``"bulk"``
 (:mod:`engine.net.framing`) no larger than the remote's advertised maximum
 message size and waits on ``bufferedAmount`` (low-threshold event, no polling)
 so a large payload never floods the SCTP queue or delays control messages by
-more than ``high_water_bytes``. Inbound frames are reassembled under
+more than ``high_water_bytes``; a peer that does not drain within ``drain_timeout_s`` is taken as
+stalled and the link closed (:attr:`PeerLink.closed_reason` = ``"stalled"``). Inbound frames are reassembled under
 :class:`~engine.net.framing.FrameLimits`; a bad frame or header is dropped with a
 logged reason and a strike against the peer, and a peer over ``max_strikes`` is
-disconnected (:attr:`PeerLink.closed_reason` = ``"strikes"``).
+disconnected (:attr:`PeerLink.closed_reason` = ``"strikes"``); messages not yet read are
+bounded (``inbox_max_messages``, ``inbox_max_bytes``: past them a strike, the message dropped).
 
 This module does not know how the connection was negotiated (see
 :mod:`engine.net.peer_manager`), what the messages mean, or who the peer is
@@ -61,7 +63,7 @@ class PeerLink:
         self.peer_id = peer_id
         self.config = config
         self.stats = LinkStats()
-        #: why the link closed: "local", "remote", "strikes", "failed" (None while open)
+        #: why the link closed: "local", "remote", "strikes", "failed", "stalled" (None while open)
         self.closed_reason: str | None = None
         self._validator = validator
         self._closed = False
@@ -226,7 +228,15 @@ class PeerLink:
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._drained[channel] = fut
-        await fut
+        timeout_s = self.config.drain_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("peer %s did not drain its %s channel within %g s; closing the link as stalled",
+                        self.peer_id, channel, timeout_s)
+            self._mark_closed("stalled")
+            asyncio.get_running_loop().create_task(self._close_pc(), name=f"polis-link-stalled-{self.peer_id}")
+            raise LinkClosed(f"link to {self.peer_id} stalled: nothing drained for {timeout_s:g} s") from None
 
     def _make_drain_handler(self, name: str) -> Callable[[], None]:
         def on_low() -> None:

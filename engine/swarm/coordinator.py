@@ -59,7 +59,7 @@ from engine.swarm.run_task import make_run_task
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner
-from engine.swarm.store import Store
+from engine.swarm.store import Store, StoreUnavailable
 from engine.swarm.stream_book import StreamBook
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,8 @@ class Coordinator:
             await asyncio.sleep(self.config.tick_s)
             try:
                 self.generation.expire_jobs()
+                if not self.store.writable():
+                    continue  # fail closed: nothing is generated or trained that could not be stored
                 await self.generation.fill()
                 self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions, self.store.evals)
                 if self._train_task is None or self._train_task.done():
@@ -213,6 +215,8 @@ class Coordinator:
             source, source_peer = "peer", trainers[0]  # the stage leader, who then streams deltas to it
         elif ready and self.book.version > 0:
             source, source_peer = "peer", ready[0]
+        elif self.book.version > 0 and session.role == "trainer":
+            checkpoint = self.steps.checkpoint_of(stage, self.book.version)  # None: see ``stage_lost``
         else:
             checkpoint = self.steps.checkpoints.get(stage)
         return messages.Welcome(stage=stage, num_stages=self.num_stages, layer_start=spec.layer_start,
@@ -239,6 +243,9 @@ class Coordinator:
                     break
                 try:
                     self.reports.handle(session, messages.decode_from_node(msg.data))
+                except StoreUnavailable as exc:  # our disk, not the node's fault: the session stays
+                    self.book.counters["reports_lost_to_storage"] += 1
+                    log.debug("could not store a report of %s: %s", session.peer_id, exc)
                 except (ValueError, ProtocolViolation) as exc:
                     strikes += 1
                     log.warning("invalid message from %s (%d strikes): %s", session.peer_id, strikes, exc)
@@ -272,6 +279,12 @@ class Coordinator:
 
     async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
         peer_id = hello.peer_id
+        banned_s = self.members.banned_for(peer_id)
+        if banned_s > 0:
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason=f"evicted for not answering in time; this node may rejoin in {banned_s:.0f} s "
+                       "(check its network and load)")))
+            return None
         old = self.sessions.pop(peer_id, None)
         if old is not None:
             remove_node(self.assignment, peer_id)
@@ -294,6 +307,11 @@ class Coordinator:
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
         welcome = self._welcome(session, stage, hello)
+        lost = self.stage_lost(stage) if welcome.source == "checkpoint" and role == "trainer" else None
+        if lost is not None:
+            await ws.send_str(messages.encode(messages.Shutdown(reason=lost[:500])))
+            remove_node(self.assignment, peer_id)
+            return None
         if welcome.source == "checkpoint" and not hello.has_base:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))
@@ -301,8 +319,11 @@ class Coordinator:
             return None
         session.stage = stage
         self.sessions[peer_id] = session
-        self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
-                               stage=stage, role=role)
+        try:
+            self.store.upsert_peer(peer_id, hello.public_key, backend=hello.backend, device=hello.device,
+                                   stage=stage, role=role)
+        except StoreUnavailable as exc:  # admitted all the same: the peer row is for the ledger only
+            log.warning("node %s admitted without its peer record (%s)", peer_id, exc)
         await ws.send_str(messages.encode(welcome))
         await self._broadcast_members()
         log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
@@ -324,6 +345,19 @@ class Coordinator:
             moved.stage, moved.ready = new_stage, False
             await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
+
+    def stage_lost(self, stage: int) -> str | None:
+        """Why ``stage`` cannot be served at the run's version, or None. Its weights of that
+        version exist only on its replicas and in a checkpoint of exactly that version: with
+        every replica gone and no such checkpoint, training pauses (a new node would otherwise
+        serve base weights labelled with the current version)."""
+        version = self.book.version
+        if version == 0 or self.members.stage_replicas()[stage] or self.steps.checkpoint_of(stage, version):
+            return None
+        last = self.steps.checkpoint_versions.get(stage)
+        return (f"training is paused: every replica of stage {stage} left and no checkpoint of version {version} "
+                f"exists (its last is {'unknown' if last is None else f'of version {last}'}); bring back a node "
+                "that held it, or start a new run")
 
     # ------------------------------------------------------------------ HTTP API
     def _admin(self, handler):
@@ -375,6 +409,8 @@ class Coordinator:
             "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
+            "storage_error": self.store.write_error,  # None, or why ingestion and training are paused
+            "paused": [why for why in map(self.stage_lost, range(self.num_stages)) if why is not None],
             "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
             "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
             "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),

@@ -47,8 +47,10 @@ class EvalScheduler:
     def __init__(self, task: RunTask, store: Store) -> None:
         self.task, self.store = task, store
         self.round: EvalRound | None = None
-        #: the version to evaluate next (None: nothing asked); the base is evaluated first
-        self.wanted: int | None = 0 if not store.evals() else None
+        #: the version to evaluate next (None: nothing asked); the base is evaluated first. Durable
+        #: (store meta ``eval_wanted``, cleared when its round is recorded): a restart loses no eval.
+        saved = store.get_meta("eval_wanted")
+        self.wanted: int | None = 0 if not store.evals() else (None if saved is None else int(saved))
 
     @property
     def running(self) -> bool:
@@ -66,6 +68,7 @@ class EvalScheduler:
         """Evaluate ``version`` as soon as generation capacity allows (a running round is left alone)."""
         if self.round is None:
             self.wanted = version
+            self.store.set_meta("eval_wanted", version)
 
     def next_batch(self) -> list[str] | None:
         """The prompts of the next eval job, starting a wanted round; None if there is none.
@@ -111,6 +114,8 @@ class EvalScheduler:
         if not r.pending and not r.queue:
             accuracy, content = r.strict / max(r.total, 1), r.content / max(r.total, 1)
             self.store.record_eval(r.version, accuracy, r.total, content=content)
+            if self.store.get_meta("eval_wanted") == r.version:
+                self.store.set_meta("eval_wanted", None)
             log.info("eval version %d: strict %.3f, content %.3f on %d held-out prompts", r.version, accuracy,
                      content, r.total)
             self.round = None

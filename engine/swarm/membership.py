@@ -6,7 +6,9 @@ A route takes one ready node per stage, stage 0 first. Training routes use train
 generation routes any ready replica (trainers first, then inference replicas). Route r takes
 replica r (mod count) of every stage, so every replica serves. Sending never waits on a stuck
 socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that long is evicted
-(out of every route at once, socket closed).
+(out of every route at once, socket closed); so is one the step runner finds silent
+(``evict``). An evicted peer id is refused for ``EVICTION_BAN_S`` (``banned_for``), so a node
+that keeps failing the same way costs the run one eviction per ban, not one per reconnect.
 
 What it does not know: authentication, stage assignment, scheduling, messages' meaning.
 """
@@ -23,6 +25,11 @@ from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
 
 log = logging.getLogger(__name__)
+
+#: how long an evicted peer id is refused admission (seconds)
+EVICTION_BAN_S = 300.0
+#: most banned peer ids remembered (the oldest ban is forgotten first)
+MAX_BANS = 4096
 
 
 @dataclass
@@ -44,6 +51,7 @@ class Membership:
     def __init__(self, num_stages: int) -> None:
         self.num_stages = num_stages
         self.sessions: dict[str, NodeSession] = {}
+        self._banned_until: dict[str, float] = {}  #: peer id -> monotonic time its ban ends
 
     def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
         """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
@@ -97,11 +105,28 @@ class Membership:
             log.info("could not send %s to %s: %s", type(message).__name__, peer_id, exc)
             return False
 
+    def evict(self, peer_id: str, why: str) -> None:
+        """``NodeLinks.evict``: out of every route now, socket closed, refused for ``EVICTION_BAN_S``."""
+        session = self.sessions.get(peer_id)
+        if session is not None:
+            self._evict(session, why)
+
+    def banned_for(self, peer_id: str) -> float:
+        """Seconds until ``peer_id`` may join again (0: it may)."""
+        left = self._banned_until.get(peer_id, 0.0) - time.monotonic()
+        if left <= 0:
+            self._banned_until.pop(peer_id, None)
+        return max(0.0, left)
+
     def _evict(self, session: NodeSession, why: str) -> None:
         """A node that stops reading leaves every route now and its socket is closed: one stuck
         peer must cost the run one send deadline, not one per message."""
         log.warning("evicting %s: it %s", session.peer_id, why)
         session.ready = False
+        self._banned_until.pop(session.peer_id, None)
+        self._banned_until[session.peer_id] = time.monotonic() + EVICTION_BAN_S
+        while len(self._banned_until) > MAX_BANS:
+            del self._banned_until[next(iter(self._banned_until))]
         asyncio.get_running_loop().create_task(self._close(session), name=f"polis-coord-evict-{session.peer_id[:8]}")
 
     @staticmethod

@@ -3,11 +3,18 @@
 A pass (a mini-batch's forward+backward, or the forward-only pass that records the proximal
 log-probs) is cut into micro-batches spread over the routes (data parallel across the
 trainers' pipelines): token ids go to each route's first stage (``train_in``), targets, mask,
-advantages and behaviour log-probs to its last stage (``train_out``). A micro-batch whose route
-breaks — a node leaves, reports ``mb_failed`` or cannot be reached — is retried on another
-route, up to ``MAX_MB_ATTEMPTS`` times; the whole pass has one deadline. ``last_refused`` says
-whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather than
-because a node left or was late.
+advantages and behaviour log-probs to its last stage (``train_out``). Every micro-batch has its
+own deadline (``mb_timeout_s``); the whole pass has one too (``timeout_s``). A micro-batch whose
+route breaks — a node leaves, reports ``mb_failed``, cannot be reached, or misses the
+micro-batch deadline — is retried on another route (``engine.swarm.route_health`` picks it, and
+counts misses: a trainer that stays silent is evicted after a few, so it costs the run a
+micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. ``last_refused``
+says whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather
+than because a node left or was late.
+
+A micro-batch answered late on its first route after it was re-dispatched is not undone on that
+route: that route's trainers keep its gradient, so it counts twice in that step (bounded: once
+per re-dispatch; a silent trainer, the case deadlines are for, never answers).
 
 What it does not know: the RL rules (``engine.rl.update`` made the batch), optimiser steps,
 what a node does with a micro-batch.
@@ -27,6 +34,7 @@ import numpy as np
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
+from engine.swarm.route_health import RouteHealth
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
@@ -38,16 +46,20 @@ MAX_MB_ATTEMPTS = 3
 @dataclass
 class _InFlight:
     route: tuple[str, ...]
-    future: asyncio.Future  #: resolves to ("done", detail), ("failed", reason) or ("refused", reason)
+    future: asyncio.Future  #: resolves to ("done", detail), ("failed" | "refused" | "late", reason)
+    due: float  #: monotonic time of its deadline
+    loss_reported: bool = False  #: the route's last stage reported this micro-batch's loss
 
 
 class MicrobatchDispatcher:
     """Runs passes of micro-batches over ``links.routes()`` and takes the nodes' reports on them."""
 
     def __init__(self, links: NodeLinks, counters: Counter[str], *, micro_batch_rows: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, mb_timeout_s: float | None = None) -> None:
         self.links, self.counters = links, counters
         self.micro_batch_rows, self.timeout_s = micro_batch_rows, timeout_s
+        self.mb_timeout_s = timeout_s if mb_timeout_s is None else min(mb_timeout_s, timeout_s)
+        self.health = RouteHealth(links, counters)
         self._in_flight: dict[tuple[int, int, bool], _InFlight] = {}  #: (step, mb, forward only) -> its wait
         #: the last failed pass failed because nodes refused a micro-batch (not lost, not late)
         self.last_refused = False
@@ -59,7 +71,7 @@ class MicrobatchDispatcher:
         Returns ``[(first_row, log-probs)]`` for a forward-only pass (``[]`` for a training
         pass) on success, None if the pass failed or ran past its deadline.
         """
-        routes = self.links.routes()
+        routes = self.health.routes()
         if not routes:
             return None
         rows = batch.num_rows
@@ -73,7 +85,8 @@ class MicrobatchDispatcher:
         self.last_refused = False
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
-            waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future())
+            waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future(),
+                                due=time.monotonic() + self.mb_timeout_s)
             self._in_flight[(step, mb, forward_only)] = waiting
             rows = None
             if proximal is not None:
@@ -88,34 +101,52 @@ class MicrobatchDispatcher:
             if not sent and not waiting.future.done():
                 waiting.future.set_result(("failed", "route unreachable"))
 
+        def waiting_for(mb: int) -> _InFlight:
+            return self._in_flight[(step, mb, forward_only)]
+
         for i, mb in enumerate(sorted(pending)):
             micro, _, start = pending[mb]
             await dispatch(mb, micro, start, routes[i % len(routes)])
         try:
             while pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                now = time.monotonic()
+                if now >= deadline:
+                    log.warning("step %d: the pass ran past its %.0f s deadline", step, self.timeout_s)
                     return None
-                futures = [self._in_flight[(step, mb, forward_only)].future for mb in pending]
-                done, _ = await asyncio.wait(futures, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    return None
-                for mb in [m for m in pending if self._in_flight[(step, m, forward_only)].future.done()]:
-                    status, detail = self._in_flight[(step, mb, forward_only)].future.result()
+                due = min(waiting_for(mb).due for mb in pending)
+                futures = [waiting_for(mb).future for mb in pending]
+                await asyncio.wait(futures, timeout=max(0.0, min(deadline, due) - now),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                now = time.monotonic()
+                for mb in pending:
+                    late = waiting_for(mb)
+                    if not late.future.done() and now >= late.due:
+                        late.future.set_result(("late", f"no answer within {self.mb_timeout_s:g} s"))
+                retries = []  # every outcome is recorded first, so a retry avoids every trainer that just missed
+                for mb in [m for m in pending if waiting_for(m).future.done()]:
+                    finished = waiting_for(mb)
+                    status, detail = finished.future.result()
                     micro, attempts, start = pending.pop(mb)
                     if status == "done":
+                        self.health.answered(finished.route)
                         if forward_only:
                             results.append((start, detail))
                         continue
+                    if status == "late":
+                        cleared = finished.route[-1:] if finished.loss_reported else ()
+                        self.health.missed(finished.route, f"step {step} micro-batch {mb}", cleared=cleared)
+                    retries.append((mb, micro, attempts, start, finished.route, status, detail))
+                for mb, micro, attempts, start, missed, status, detail in retries:
                     self.counters["retried_microbatches"] += 1
-                    routes = self.links.routes()
-                    if attempts + 1 >= MAX_MB_ATTEMPTS or not routes:
+                    route = self.health.retry_route(missed, mb + attempts + 1)
+                    if attempts + 1 >= MAX_MB_ATTEMPTS or route is None:
                         self.last_refused = status == "refused"
                         log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
                         return None
-                    log.info("micro-batch %d of step %d failed (%s); retrying on another route", mb, step, detail)
+                    log.info("micro-batch %d of step %d failed on %s (%s); retrying on %s", mb, step,
+                             list(missed), detail, route)
                     pending[mb] = (micro, attempts + 1, start)
-                    await dispatch(mb, micro, start, routes[(mb + attempts + 1) % len(routes)])
+                    await dispatch(mb, micro, start, route)
             return results
         finally:
             for key in [k for k in self._in_flight if k[0] == step and k[2] == forward_only]:
@@ -145,6 +176,12 @@ class MicrobatchDispatcher:
             waiting.future.set_result(("failed", "a positive proximal log-probability"))
             return
         waiting.future.set_result(("done", np.asarray(rows, dtype=np.float32)))
+
+    def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:
+        """The last stage computed a training micro-batch's loss: it did its part."""
+        waiting = self._waiting(m.step, m.mb, False)
+        if waiting is not None and sender == waiting.route[-1]:
+            waiting.loss_reported = True
 
     def on_mb_failed(self, sender: str, m: messages.MbFailed) -> None:
         for forward_only in (False, True):

@@ -5,8 +5,8 @@ The coordinator's scheduling is three collaborating objects — generation
 (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``) and held-out evals
 (``engine.swarm.eval_scheduler``). None of them knows the others' attributes: they share a
 :class:`RunBook` (what every part reads and the step runner advances) and reach nodes only
-through :class:`NodeLinks` (the coordinator implements it). The version is durable: every
-advance is written to the store at once, and it never goes down.
+through :class:`NodeLinks` (the coordinator implements it). The version and ``finished`` are
+durable: every change is written to the store at once, and the version never goes down.
 
 What it does not know: websockets, messages' contents, rewards, tensors.
 """
@@ -41,6 +41,10 @@ class NodeLinks(Protocol):
     def inference_replicas(self) -> list[list[str]]:
         """The ready inference replicas of each stage (they follow the leader's weight stream)."""
 
+    def evict(self, peer_id: str, why: str) -> None:
+        """Take ``peer_id`` out of every route now, close its session and refuse it for a while
+        (``why``: what it failed to do, for the log and the node)."""
+
 
 class RunBook:
     """Version, end of training and counters of one run, shared by the coordinator's parts."""
@@ -48,10 +52,20 @@ class RunBook:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.version = int(store.get_meta("version", 0))
-        #: set once training must stop (max_versions reached or an operator's 'finish')
-        self.finished = False
+        self._finished = bool(store.get_meta("finished", False))
         #: event counts shown in the stats API (failed_jobs, dropped_stale, resyncs, ...)
         self.counters: Counter[str] = Counter()
+
+    @property
+    def finished(self) -> bool:
+        """Training must stop (max_versions reached or an operator's 'finish'); durable."""
+        return self._finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        if bool(value) != self._finished:
+            self._finished = bool(value)
+            self.store.set_meta("finished", self._finished)
 
     def advance(self, version: int) -> None:
         """Record that the swarm's policy is now ``version`` (ignored unless it goes up)."""

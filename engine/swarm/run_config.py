@@ -196,6 +196,9 @@ class RunConfig:
       generations_in_flight: generation jobs kept in flight per pipeline route (the replay
         buffer's cap of two batches still bounds how much is generated ahead). Measured on 2
         cores: 3 -> 8 raised the demo from 672 to 796 versions in 8 minutes.
+      microbatch_timeout_s: how long the coordinator waits for one training micro-batch before it
+        re-dispatches it on another route and counts a miss against the route's trainers (two
+        misses in a row evict a trainer); the coordinator's step deadline still bounds the pass.
       eval_every_versions: greedy held-out eval every this many versions (0 = start/end only).
       checkpoint_every_versions: stage leaders write a stage checkpoint this often.
       max_versions: the run stops training after this version (0 = never).
@@ -226,6 +229,7 @@ class RunConfig:
     prompts_per_job: Annotated[int, Meta(ge=1, le=256)] = 8
     # two WebRTC hops per token need several jobs to keep both stages busy
     generations_in_flight: Annotated[int, Meta(ge=1, le=64)] = 8
+    microbatch_timeout_s: Annotated[float, Meta(ge=0.1, le=3600.0)] = 30.0
     eval_every_versions: Annotated[int, Meta(ge=0, le=100_000)] = 20
     checkpoint_every_versions: Annotated[int, Meta(ge=1, le=100_000)] = 5
     max_versions: Annotated[int, Meta(ge=0, le=10**9)] = 0

@@ -77,7 +77,8 @@ async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
     if optimizer.lora.enabled:
         if base is None:
             raise ValueError("a LoRA stage loads its frozen base from files; no base checkpoint given")
-        await ctx.compute.run(rt.load_checkpoint, base, spec, optimizer, None, header.version)
+        # the frozen base as version 0; the adapters that follow carry the peer's version
+        await ctx.compute.run(rt.load_checkpoint, base, spec, optimizer, None, 0)
         weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
         await ctx.compute.run(rt.set_weights, weights, header.version)
         log.info("loaded stage %d (version %d): base from %s, adapters from replica %s", spec.stage_index,

@@ -78,6 +78,9 @@ class StageRuntime:
 
         ``version``: the version to serve as; None = what the files hold (the stage file's
         version, else 0 for the base), for nodes whose rollouts must carry the true version.
+        A version above 0 needs a stage file of exactly that version whose content hash
+        checks out: base weights (or another version's) are never served labelled as it, so
+        a missing, older or corrupt file raises ``ValueError``.
         """
         from engine.model.checkpoint import Checkpoint
 
@@ -87,11 +90,16 @@ class StageRuntime:
         self.backend, self.spec, self.model_config = backend, spec, checkpoint.config
         self.optimizer, self.base_dir = optimizer, str(Path(base_dir).resolve())
         self.version = version or 0
+        if version and (stage_file is None or not Path(stage_file).exists()):
+            raise ValueError(f"the run is at version {version} but no checkpoint of it is on this machine "
+                             f"({stage_file or 'none named'}); base weights would be mislabelled")
         if stage_file is not None:
             if Path(stage_file).exists():
                 found = self.load_stage_file(stage_file)
                 if version is None:
                     self.version = found
+                elif version and found != version:
+                    raise ValueError(f"stage checkpoint {stage_file} holds version {found}, not the run's {version}")
             else:
                 log.warning("stage checkpoint %s is not on this machine; starting from the base weights", stage_file)
 
@@ -266,6 +274,9 @@ class StageRuntime:
         f = SafetensorsFile(path)
         weights = f.read_many(f.names)
         version = int((f.metadata or {}).get("polis_version", "0"))
+        recorded = (f.metadata or {}).get(METADATA_KEY)
+        if recorded is not None and tensors_sha256(weights) != recorded:
+            raise ValueError(f"stage checkpoint {path} does not match its content hash: refusing corrupt weights")
         self._b().set_weights(weights)
         moments = optimizer_path(path)
         if moments.exists():

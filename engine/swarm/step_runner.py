@@ -55,7 +55,7 @@ class StepRunner:
         self.book, self.evals, self.links = book, evals, links
         self.step_timeout_s = step_timeout_s
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
-                                                 timeout_s=step_timeout_s)
+                                                 timeout_s=step_timeout_s, mb_timeout_s=run.microbatch_timeout_s)
         #: staleness (versions) of every group that left the buffer: trained, dropped stale or idle
         #: kept in the store at every step, so a restarted coordinator and `polis export` see it whole
         saved_hist = store.get_meta("staleness_histogram", {}) or {}
@@ -65,6 +65,9 @@ class StepRunner:
         self.dense_update_bytes = 0
         saved = store.get_meta("stage_checkpoints", {}) or {}
         self.checkpoints: dict[int, str] = {int(k): v for k, v in saved.items()}
+        saved = store.get_meta("stage_checkpoint_versions", {}) or {}
+        #: stage -> the version of its last checkpoint (unknown for runs from before it was kept)
+        self.checkpoint_versions: dict[int, int] = {int(k): int(v) for k, v in saved.items()}
         self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
         self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
@@ -118,6 +121,8 @@ class StepRunner:
         """Train on one batch if the buffer holds enough fresh groups; True if the version advanced."""
         if self.book.finished or not self.evals.has_baseline():
             return False  # the "before" eval comes first
+        if not self.store.writable():
+            return False  # fail closed: a step whose rollouts and version cannot be recorded waits
         if self.run.max_versions and self.book.version >= self.run.max_versions:
             return False
         routes = self.links.routes()
@@ -232,6 +237,8 @@ class StepRunner:
                 break
             if time.monotonic() >= deadline:
                 log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
+                for peer in sorted(waiting):  # one trainer each: no doubt who was silent
+                    self.microbatches.health.missed([peer], f"no 'stepped' for step {step}")
                 break
             self._stepped_event.clear()
             try:
@@ -257,7 +264,9 @@ class StepRunner:
             for _, m in seen:
                 if m.checkpoint_path:
                     self.checkpoints[stage] = m.checkpoint_path
+                    self.checkpoint_versions[stage] = m.version
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
+                    self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
             if len(seen) < 2 or not agree:
                 continue
             leader, lead = seen[0]
@@ -267,9 +276,17 @@ class StepRunner:
                     log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
                     await self.links.send(peer, messages.Sync(source_peer=leader))
 
+    def checkpoint_of(self, stage: int, version: int) -> str | None:
+        """The stage checkpoint holding exactly ``version`` (None: there is none; at version 0 the
+        base is that checkpoint)."""
+        if self.checkpoint_versions.get(stage) == version:
+            return self.checkpoints.get(stage)
+        return None
+
     # ------------------------------------------------------------------ node reports
     def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:
         self._mb_losses[m.step].append(m)
+        self.microbatches.on_mb_loss(sender, m)
 
     def on_stepped(self, sender: str, m: messages.Stepped) -> None:
         if m.step == self.book.version:

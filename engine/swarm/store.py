@@ -10,20 +10,33 @@ mirrors the number of ready rollouts per group in memory (loaded when it opens, 
 every call that changes a rollout's state): the scheduler asks for those counts on every
 tick, and counting them in SQL grows with the buffer.
 
+Storage fails closed. A write that SQLite refuses for lack of space or an I/O error (a
+full disk, ``SQLITE_FULL``) raises :class:`StoreUnavailable` and marks the store
+unwritable; :meth:`Store.writable` says whether writes work again (it retries one) so the
+coordinator can pause what needs storage (ingesting rollouts, training) and resume by
+itself. ``set_meta`` never raises for that reason: the value is kept in memory, served by
+``get_meta``, and written as soon as the disk takes writes again, so the policy version and
+the like are never lost to a full disk while the process lives. Commits are durable
+(``synchronous=FULL``: the WAL is fsynced at every commit), not only atomic.
+
 It knows nothing about HTTP, WebRTC, tensors or how rewards are computed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 #: what a stored rollout can be: waiting in the replay buffer, trained on, or dropped (stale / no signal)
@@ -52,6 +65,43 @@ CREATE TABLE IF NOT EXISTS evals (
     version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, n INTEGER NOT NULL, created_at REAL NOT NULL,
     content REAL);
 """
+
+#: SQLite result codes (``sqlite3.Error.sqlite_errorcode``, low byte) that mean "storage is failing"
+_STORAGE_CODES = {10, 13, 14}  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+#: seconds between retries of a failing store (``Store.writable``)
+RETRY_S = 1.0
+#: bytes the retry writes (and rolls back): writes work again when this much fits
+PROBE_BYTES = 256 * 1024
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StoreUnavailable(RuntimeError):
+    """The database refused a write for lack of space or an I/O error; nothing was written."""
+
+
+def _storage_failure(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _STORAGE_CODES
+    text = str(exc).lower()
+    return "disk is full" in text or "disk i/o error" in text
+
+
+def _writes(method: F) -> F:
+    """A write: a storage failure becomes :class:`StoreUnavailable` and starts an outage."""
+    @functools.wraps(method)
+    def wrapper(self: "Store", *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            if not _storage_failure(exc):
+                raise
+            self._failed(exc)
+            raise StoreUnavailable(f"{self.path}: {exc}") from exc
+        return result  # a small write may fit where a batch does not: only the probe ends an outage
+    return wrapper  # type: ignore[return-value]
+
 
 #: ledger columns a node's report may increment
 LEDGER_COUNTERS = ("tokens_generated", "microbatches_trained", "bytes_sent", "bytes_received", "uptime_s")
@@ -92,7 +142,11 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # fsync at every commit: a power cut loses nothing committed
+        #: why writes fail now (None: they work); see ``writable``
+        self.write_error: str | None = None
+        self._pending_meta: dict[str, Any] = {}  #: set_meta values the disk did not take yet
+        self._next_retry = 0.0
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
         if "role" not in columns:  # databases from before inference replicas: an additive column
@@ -122,19 +176,87 @@ class Store:
         return n
 
     def close(self) -> None:
+        if self._pending_meta:
+            self.writable(force=True)
+        if self._pending_meta:
+            log.error("closing %s with %d settings the disk did not take (%s): they are lost", self.path,
+                      len(self._pending_meta), ", ".join(sorted(self._pending_meta)))
         self._db.close()
+
+    def _rollback(self) -> None:
+        """Undo the open transaction (SQLite may have undone it already, e.g. on SQLITE_FULL)."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    # -- failing storage -------------------------------------------------------
+    def _failed(self, exc: Exception) -> None:
+        if self.write_error is None:
+            log.error("the coordinator database %s refuses writes (%s): ingestion and training pause "
+                      "until it takes them again; free disk space", self.path, exc)
+        self.write_error = str(exc)
+        self._next_retry = time.monotonic() + RETRY_S
+
+    def _recovered(self) -> None:
+        log.warning("the coordinator database %s takes writes again; resuming", self.path)
+        self.write_error = None
+
+    def writable(self, *, force: bool = False) -> bool:
+        """Whether writes work; while they fail, retry the writes kept in memory (at most every
+        ``RETRY_S`` unless ``force``) and say whether they went through."""
+        if self.write_error is None and not self._pending_meta:
+            return True
+        if not force and time.monotonic() < self._next_retry:
+            return False
+        try:
+            if self.write_error is not None:
+                self._probe()  # about a batch of rollouts: a tiny write fits in a page's slack
+                self._recovered()
+            if self._pending_meta:
+                self._flush_meta()
+        except StoreUnavailable:
+            return False
+        return True
+
+    @_writes
+    def _probe(self) -> None:
+        self._db.execute("BEGIN")
+        try:
+            self._write_meta("store_probe", "x" * PROBE_BYTES)
+        finally:
+            self._rollback()  # the space it took stays in the file for the next real write
+
+    @_writes
+    def _flush_meta(self) -> None:
+        for key in list(self._pending_meta):
+            self._write_meta(key, self._pending_meta[key])
+            del self._pending_meta[key]
 
     # -- metadata ------------------------------------------------------------
     def get_meta(self, key: str, default: Any = None) -> Any:
+        if key in self._pending_meta:
+            return self._pending_meta[key]
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row[0])
 
     def set_meta(self, key: str, value: Any) -> None:
+        """Store ``value`` (JSON); with the disk failing, keep it in memory until it takes writes."""
+        try:
+            self._set_meta_now(key, value)
+            self._pending_meta.pop(key, None)
+        except StoreUnavailable:
+            self._pending_meta[key] = json.loads(json.dumps(value))
+
+    @_writes
+    def _set_meta_now(self, key: str, value: Any) -> None:
+        self._write_meta(key, value)
+
+    def _write_meta(self, key: str, value: Any) -> None:
         self._db.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                          (key, json.dumps(value)))
 
     # -- peers and ledger ------------------------------------------------------
+    @_writes
     def upsert_peer(self, peer_id: str, public_key: str, *, backend: str | None = None,
                     device: str | None = None, stage: int | None = None, role: str | None = None) -> None:
         now = time.time()
@@ -145,6 +267,7 @@ class Store:
             (peer_id, public_key, now, now, backend, device, stage, role))
         self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
 
+    @_writes
     def add_to_ledger(self, peer_id: str, **counts: float) -> None:
         unknown = set(counts) - set(LEDGER_COUNTERS)
         if unknown:
@@ -165,6 +288,7 @@ class Store:
         return {row[0]: {**dict(zip(LEDGER_COUNTERS, row[1:-1])), "role": row[-1]} for row in rows}
 
     # -- rollouts (replay buffer contents) -----------------------------------------
+    @_writes
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
         """Insert scored samples (state 'ready'); each dict has the fields of
         :class:`StoredRollout` but ``id`` (``loss_mask`` optional: without it every token is the model's)."""
@@ -184,7 +308,7 @@ class Store:
                 groups.append(r["group_id"])
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback()
             raise
         self._ready.update(groups)
         return ids
@@ -207,6 +331,7 @@ class Store:
         """Groups with at least ``group_size`` ready rollouts."""
         return sum(1 for n in self._ready.values() if n >= group_size)
 
+    @_writes
     def mark_rollouts(self, ids: Iterable[int], state: str) -> None:
         if state not in ROLLOUT_STATES:
             raise ValueError(f"unknown rollout state {state!r}")
@@ -228,7 +353,7 @@ class Store:
                 self._unready(left)
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback()
             self._load_ready_counts()
             raise
 
@@ -236,6 +361,7 @@ class Store:
         self._ready = Counter(dict(self._db.execute(
             "SELECT group_id, COUNT(*) FROM rollouts WHERE state = 'ready' GROUP BY group_id").fetchall()))
 
+    @_writes
     def drop_stale(self, oldest_fresh_version: int) -> dict[str, int]:
         """Mark ready rollouts from a policy older than ``oldest_fresh_version`` as dropped.
 
@@ -254,6 +380,7 @@ class Store:
         return {state: count for state, count in rows}
 
     # -- versions and evals ----------------------------------------------------------
+    @_writes
     def record_version(self, version: int, *, reward_mean: float | None, samples: int,
                        info: dict[str, Any] | None = None) -> None:
         latest = self.latest_version()
@@ -270,6 +397,7 @@ class Store:
         rows = self._db.execute("SELECT version, created_at, reward_mean, samples FROM versions ORDER BY version")
         return [dict(version=r[0], created_at=r[1], reward=r[2], samples=r[3]) for r in rows.fetchall()]
 
+    @_writes
     def record_eval(self, version: int, accuracy: float, n: int, *, content: float | None = None) -> None:
         """``accuracy``: the strict score; ``content``: the content-only score (None: same as strict)."""
         content = accuracy if content is None else content

@@ -22,21 +22,23 @@ def free_port() -> int:
 
 
 class Swarm:
-    def __init__(self, tmp: Path, *, stages: int = 2, settings: list[str] = (), checkpoint: str | None = None):
+    def __init__(self, tmp: Path, *, stages: int = 2, settings: list[str] = (), checkpoint: str | None = None,
+                 coordinator_args: list[str] = ()):
         self.tmp = tmp
         self.stages = stages
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.checkpoint = checkpoint or str(base_checkpoint_dir())
         self.settings = list(settings)
+        self.coordinator_args = list(coordinator_args)  #: more ``polis coordinator`` flags
         self.coordinator: subprocess.Popen | None = None
         self.nodes: dict[str, subprocess.Popen] = {}
         self.env = dict(os.environ, POLIS_TORCH_THREADS="1", OMP_NUM_THREADS="1")
 
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen:
+    def _spawn(self, name: str, *argv: str, command: list[str] | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
         try:
-            return subprocess.Popen(polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
+            return subprocess.Popen(command or polis_command(*argv), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=self.env)
         finally:
             log.close()
@@ -47,14 +49,26 @@ class Swarm:
                 "--admin-token-file", str(self.tmp / "token")]
         for item in self.settings:
             argv += ["--set", item]
-        self.coordinator = self._spawn("coordinator", *argv)
+        self.coordinator = self._spawn("coordinator", *argv, *self.coordinator_args)
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
-    def start_node(self, name: str, *extra: str) -> None:
-        """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``)."""
-        self.nodes[name] = self._spawn(name, "-v", "node", "--coordinator", self.url, "--identity", name,
-                                       "--data-dir", str(self.tmp / name), "--checkpoint", self.checkpoint,
-                                       "--backend", "torch", *extra)
+    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None) -> None:
+        """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``);
+        ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``)."""
+        argv = ["-v", "node", "--coordinator", self.url, "--identity", name, "--data-dir", str(self.tmp / name),
+                "--checkpoint", self.checkpoint, "--backend", "torch", *extra]
+        command = None
+        if misbehaviour is not None:
+            from tests.support.hostile_node import node_argv
+
+            command = node_argv(misbehaviour, *argv)
+        self.nodes[name] = self._spawn(name, *argv, command=command)
+
+    def peer_id(self, name: str) -> str:
+        """The peer id node ``name`` has (its identity is created here first if it has none yet)."""
+        from engine.net.identity import IdentityStoreConfig, load_or_create_identity
+
+        return load_or_create_identity(IdentityStoreConfig(username=name, fallback_dir=self.tmp / name)).peer_id
 
     def stats(self) -> dict | None:
         try:

@@ -190,3 +190,24 @@ def test_link_sockets_get_udp_buffers_that_hold_the_sctp_window():
         finally:
             await _closing(a, b)
     run(body())
+
+
+def test_a_peer_that_stops_draining_sctp_closes_the_link_after_the_drain_timeout_instead_of_freezing_the_sender():
+    async def body():
+        config = LinkConfig(high_water_bytes=256 * 1024, low_water_bytes=64 * 1024, drain_timeout_s=1.0)
+        a, b = await link_pair(config)
+
+        async def ignore(chunk):  # b's SCTP stops processing everything: no data read, no SACK sent
+            return None
+        b.pc.sctp._receive_chunk = ignore
+        try:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(LinkClosed, match="stalled"):
+                await a.send({"type": "bulk"}, os.urandom(4 * 1024 * 1024), channel="bulk")
+            waited = asyncio.get_running_loop().time() - started
+            assert a.closed_reason == "stalled" and 1.0 <= waited < 10.0
+            with pytest.raises(LinkClosed):
+                await a.send({"type": "late"})
+        finally:
+            await _closing(a, b)
+    run(body())

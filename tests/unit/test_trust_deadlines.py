@@ -1,0 +1,145 @@
+"""Finding 2 of issue 14: a trainer that ignores ``train_in`` costs a micro-batch deadline, not the step.
+
+Real micro-batch dispatcher and route health; the swarm is a recording outbox (2 stages x 2
+replicas) whose honest nodes answer as nodes do (``mb_loss`` from the last stage, ``mb_done``
+from the first), and one node that never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import numpy as np
+
+from engine.rl.batch import TrainBatch
+from engine.swarm import messages
+from engine.swarm.microbatches import MicrobatchDispatcher
+from engine.swarm.route_health import RouteHealth
+from tests.support.recording_links import RecordingLinks
+
+GRID = [["a0", "a1"], ["b0", "b1"]]
+MB_TIMEOUT_S = 0.3
+STEP_TIMEOUT_S = 30.0
+
+
+def _batch(rows: int = 4, width: int = 3) -> TrainBatch:
+    return TrainBatch(inputs=np.ones((rows, width), np.int64), targets=np.ones((rows, width), np.int64),
+                      mask=np.ones((rows, width), bool), behaviour=np.full((rows, width), -1.0, np.float32),
+                      advantages=np.ones(rows, np.float32), staleness=np.zeros(rows, np.int64))
+
+
+def _swarm(silent: set[str]) -> tuple[RecordingLinks, MicrobatchDispatcher, Counter]:
+    """Honest nodes answer every micro-batch of a route with no silent node on it."""
+    links, counters = RecordingLinks.grid(GRID), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+
+    def answer(peer, message):
+        if not isinstance(message, messages.TrainOut) or silent & set(message.route):
+            return
+        loop = asyncio.get_running_loop()
+        first, last = message.route[0], message.route[-1]
+        loop.call_soon(dispatcher.on_mb_loss, last, messages.MbLoss(step=message.step, mb=message.mb, loss=0.0,
+                                                                    tokens=1, masked_fraction=0.0, ess=1.0,
+                                                                    clipped_fraction=0.0))
+        loop.call_soon(dispatcher.on_mb_done, first, messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+    return links, dispatcher, counters
+
+
+def test_with_no_misses_the_routes_are_the_membership_routes_and_suspects_are_spread():
+    links = RecordingLinks.grid([["a0", "a1", "a2"], ["b0", "b1", "b2"]])
+    health = RouteHealth(links, Counter())
+    assert health.routes() == links.routes()
+    health.misses.update({"a0": 1, "b0": 1})  # they shared the route that missed
+    assert health.routes() == [["a0", "b2"], ["a1", "b0"], ["a2", "b1"]]  # never again on one route
+    assert health.retry_route(["a0", "b0"], 0) and not {"a0", "b0"} & set(health.retry_route(["a0", "b0"], 0))
+
+
+def test_a_trainer_that_ignores_train_in_costs_one_micro_batch_deadline_and_is_evicted_on_its_second():
+    links, dispatcher, counters = _swarm(silent={"a0"})
+
+    async def passes():
+        seconds = []
+        for step in range(3):
+            started = time.monotonic()
+            assert await dispatcher.run(step, _batch(), None) == []  # every pass completes
+            seconds.append(time.monotonic() - started)
+        return seconds
+    seconds = asyncio.run(passes())
+    assert links.evicted and [p for p, _ in links.evicted] == ["a0"]  # the honest b0 it was paired with stays
+    assert "missed 2 deadlines" in links.evicted[0][1]
+    assert counters["missed_deadlines"] == 2 and counters["evicted_trainers"] == 1
+    # each of the first two passes waited one micro-batch deadline (not the step's); the third none
+    assert all(MB_TIMEOUT_S <= s < 3 * MB_TIMEOUT_S for s in seconds[:2]), seconds
+    assert seconds[2] < MB_TIMEOUT_S, seconds
+    assert dispatcher.health.misses == Counter()  # b0 and b1 were cleared by their next micro-batches
+
+
+def test_a_late_micro_batch_whose_loss_came_back_blames_only_the_stages_before_the_last():
+    links, counters = RecordingLinks.grid(GRID), Counter()
+    health = RouteHealth(links, counters)
+    assert health.missed(["a0", "b0"], "test", cleared=["b0"]) == []
+    assert health.misses == Counter({"a0": 1})
+    assert health.missed(["a0", "b1"], "test") == ["a0"] and links.evicted[0][0] == "a0"
+    assert health.misses == Counter({"b1": 1})
+
+
+def test_a_pass_whose_every_route_is_silent_fails_at_its_attempts_not_at_the_step_deadline():
+    links, dispatcher, counters = _swarm(silent={"a0", "a1"})
+
+    async def one_pass():
+        started = time.monotonic()
+        result = await dispatcher.run(0, _batch(), None)
+        return result, time.monotonic() - started
+    result, seconds = asyncio.run(one_pass())
+    assert result is None and dispatcher.last_refused is False  # late is not a refusal: rollouts stay
+    assert seconds < 4 * MB_TIMEOUT_S + 1.0
+
+
+def test_two_silent_trainers_on_different_stages_of_a_2x3_swarm_are_the_only_ones_evicted():
+    links, counters = RecordingLinks.grid([["a0", "a1", "a2"], ["b0", "b1", "b2"]]), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+    silent = {"a0", "b1"}
+
+    def answer(peer, message):
+        if isinstance(message, messages.TrainOut) and not silent & set(message.route):
+            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
+                                                 messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+
+    async def passes():
+        return [await dispatcher.run(step, _batch(rows=6), None) for step in range(4)]
+    results = asyncio.run(passes())
+    assert sorted(p for p, _ in links.evicted) == ["a0", "b1"], links.evicted
+    assert results[-1] == []  # the last pass ran on honest routes only
+
+
+def test_an_evicted_node_is_refused_when_it_reconnects_and_told_when_it_may_rejoin(tmp_path):
+    from engine.net.identity import Identity
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.coordinator import Coordinator, CoordinatorConfig
+    from tests.support.hostile_node import join
+
+    async def main():
+        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
+                                          num_stages=2, port=0))
+        url = await c.start()
+        try:
+            identity = Identity.generate()
+            first = await join(url, identity)
+            assert first.reply["type"] == "welcome"
+            c.members.evict(identity.peer_id, "missed 2 deadlines in a row (test)")
+            await first.close()
+            again = await join(url, identity)
+            assert again.reply["type"] == "shutdown" and "may rejoin in 300 s" in again.reply["reason"]
+            await again.close()
+            other = await join(url)  # nobody else is refused
+            assert other.reply["type"] == "welcome"
+            await other.close()
+        finally:
+            await c.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
