@@ -37,10 +37,11 @@ DEFAULT_STAGES = 2
 DEFAULT_REPLICAS = 2
 #: the real model's demo: 2 stages x 1 replica (2 node processes on 2 cores)
 REAL_MODEL_REPLICAS = 1
-#: the task the real model's demo trains by default: 2 one-digit terms, where SmolLM2-135M-Instruct
-#: starts well above zero but far from solved (DESIGN §9: about 41-54 % strict with a worked example)
+#: the task the real model's demo trains by default: 2 terms of 1-2 digits, where SmolLM2-135M-Instruct
+#: starts in the middle, leaving room for a rise (`polis eval`, 64 held-out items, greedy, 48 tokens,
+#: worked example: 34.4 % strict and content; 2 one-digit terms 73.4 %, 3 one-digit terms 15.6 %)
 REAL_MODEL_TASK = "reasoning_gym:chain_sum"
-REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 #: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 8 prompts x 8 samples a step,
 #: 48 new tokens (room for the working before the tags), 8-row training micro-batches, one update per
 #: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
@@ -296,8 +297,9 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             ensure_imported(args.model, out)
         swarm.start()
-        stats = _watch(swarm, args, started, out)
-        summary = _summary(stats, time.monotonic() - started, args)
+        version_times = VersionTimes()
+        stats = _watch(swarm, args, started, out, version_times)
+        summary = _summary(stats, time.monotonic() - started, args, version_times)
         _print_table(summary, stats, out)
         if args.json:
             print(json.dumps(summary))
@@ -314,7 +316,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> dict[str, Any]:
+def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
+           version_times: VersionTimes) -> dict[str, Any]:
     budget_s = args.minutes * 60.0
     finish_sent = False
     last_tokens, last_t = 0.0, time.monotonic()
@@ -327,6 +330,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
                 raise RuntimeError(f"the coordinator exited; see {swarm.run_dir / 'coordinator.log'}")
         stats = swarm.stats()
         now = time.monotonic()
+        version_times.see(stats["version"], now)
         rate = (stats["tokens_generated"] - last_tokens) / max(now - last_t, 1e-6)
         last_tokens, last_t = stats["tokens_generated"], now
         elapsed = now - started
@@ -346,7 +350,9 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
                 raise RuntimeError("the final eval did not finish within 4 minutes")
 
 
-def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace,
+             version_times: VersionTimes | None = None) -> dict[str, Any]:
+    version_times = version_times or VersionTimes()
     evals = stats["evals"]
     first = next((e for e in evals if e["version"] == 0), None)
     last = evals[-1] if evals and evals[-1]["version"] > 0 else None
@@ -359,7 +365,14 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         "model": stats.get("model"), "lora_rank": stats.get("lora_rank"), "seconds": round(seconds, 1),
         # the coordinator's view of the last steps: seconds from taking the batch to the new version
         # (training micro-batches through the pipeline + the replicas' apply), and what generation made
-        "step_seconds_mean": round(sum(s["seconds"] for s in steps) / len(steps), 2) if steps else None,
+        "step_seconds_mean": _mean_key(steps, "seconds"),
+        # its split: the micro-batches' forward+backward through the stages, then the apply step
+        # (the replicas' gradient exchange, the optimiser step, the acknowledgements)
+        "step_train_seconds_mean": _mean_key(steps, "train_s"),
+        "step_apply_seconds_mean": _mean_key(steps, "apply_s"),
+        # wall clock between consecutive versions, seen by this process (generation waits and evals included)
+        "seconds_per_version": version_times.seconds_per_version(),
+        "samples_trained": sum(v["samples"] for v in stats.get("versions", [])),
         # a training generation job (prompts_per_job x group_size rows), dispatch to last token, jobs overlapping
         "train_job_seconds_mean": _mean_of(stats["counters"], "train"),
         "eval_job_seconds_mean": _mean_of(stats["counters"], "eval"),
@@ -372,6 +385,29 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],
         "eval_curve": [[e["version"], e["accuracy"], e.get("content")] for e in evals],
     }
+
+
+def _mean_key(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return round(sum(values) / len(values), 2) if values else None
+
+
+class VersionTimes:
+    """When this process first saw each policy version (monotonic seconds), for the cost of a version."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[int, float] = {}
+
+    def see(self, version: int, now: float) -> None:
+        self.first_seen.setdefault(version, now)
+
+    def seconds_per_version(self) -> float | None:
+        """Mean seconds from version 1 to the last version seen (None before two versions)."""
+        trained = sorted(v for v in self.first_seen if v >= 1)
+        if len(trained) < 2:
+            return None
+        first, last = trained[0], trained[-1]
+        return round((self.first_seen[last] - self.first_seen[first]) / (last - first), 1)
 
 
 def _mean_of(counters: dict[str, Any], kind: str) -> float | None:
@@ -398,3 +434,8 @@ def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     print(f"Run: {summary['seconds']:.0f} s, {summary['nodes']} nodes, {summary['stages']} stages, "
           f"{summary['tokens_generated']} tokens generated, {summary['bytes_on_wire'] / 1e6:.1f} MB on the wire, "
           f"rollouts lost: {summary['rollouts_lost']}", file=out)
+    if summary["step_seconds_mean"] is not None:
+        print(f"Per version: {summary['seconds_per_version'] or 'n/a'} s wall clock; a step "
+              f"{summary['step_seconds_mean']} s = training pass {summary['step_train_seconds_mean']} s + apply "
+              f"{summary['step_apply_seconds_mean']} s; a generation job {summary['train_job_seconds_mean']} s",
+              file=out)
