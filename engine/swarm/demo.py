@@ -47,7 +47,8 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
 #: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
 #: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
-#: --set lr=5e-06. Not yet measured against each other in the swarm. Activations cross the stage
+#: --set lr=5e-06. Not yet measured against each other in the swarm. Stage checkpoints (adapters only with
+#: LoRA: a few MB) come with every eval, so `polis export` finds the weights of every evaluated version. Activations cross the stage
 #: boundary as bf16: int8 with per-row scales, the tiny base's default, wrecks a real model's residual
 #: stream (a few channels carry outliers a hundred times the rest): SmolLM2's greedy strict accuracy on
 #: 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8 at its layer-15 boundary.
@@ -56,7 +57,7 @@ REAL_MODEL_SETTINGS = (
     "group_size=8", "prompts_per_step=8", "prompts_per_job=8", "generations_in_flight=2",
     "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
     "lr=5e-05", "sampling.max_new_tokens=48",
-    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
+    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=5",
 )
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
 REAL_MODEL_TIMEOUT_S = 600.0
