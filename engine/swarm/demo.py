@@ -42,22 +42,23 @@ REAL_MODEL_REPLICAS = 1
 #: worked example: 34.4 % strict and content; 2 one-digit terms 73.4 %, 3 one-digit terms 15.6 %)
 REAL_MODEL_TASK = "reasoning_gym:chain_sum"
 REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
-#: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 8 prompts x 8 samples a step,
-#: 48 new tokens (room for the working before the tags), 8-row training micro-batches, one update per
-#: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
+#: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 4 prompts x 8 samples a step
+#: (64 rows a step put every micro-batch's autograd graph in flight on stage 0 at once: 8.4 GB, and the
+#: first 30-minute run was OOM-killed at version 3), jobs of 8 prompts, 48 new tokens (room for the
+#: working before the tags), 8-row training micro-batches, one update per batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
 #: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
 #: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
 #: --set lr=5e-06. Not yet measured against each other in the swarm. Stage checkpoints (adapters only with
-#: LoRA: a few MB) come with every eval, so `polis export` finds the weights of every evaluated version. Activations cross the stage
-#: boundary as bf16: int8 with per-row scales, the tiny base's default, wrecks a real model's residual
-#: stream (a few channels carry outliers a hundred times the rest): SmolLM2's greedy strict accuracy on
-#: 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8 at its layer-15 boundary.
+#: LoRA: a few MB) come with every eval, so `polis export` finds the weights of every evaluated version.
+#: Activations cross the stage boundary as bf16: int8 with per-row scales, the tiny base's default,
+#: wrecks a real model's residual stream (a few channels carry outliers a hundred times the rest):
+#: SmolLM2's greedy strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8 at its layer-15 boundary.
 REAL_MODEL_SETTINGS = (
     "activation_encoding=bf16",
-    "group_size=8", "prompts_per_step=8", "prompts_per_job=8", "generations_in_flight=2",
+    "group_size=8", "prompts_per_step=4", "prompts_per_job=8", "generations_in_flight=2",
     "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
     "lr=5e-05", "sampling.max_new_tokens=48",
-    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=5",
+    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=8", "checkpoint_every_versions=8",
 )
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
 REAL_MODEL_TIMEOUT_S = 600.0
@@ -99,6 +100,11 @@ def _free_port() -> int:
 def _get(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+#: how long the watch loop waits out a coordinator that does not answer its stats request (a busy or
+#: memory-starved machine stalls it for seconds) before it gives the run up
+STATS_PATIENCE_S = 120.0
 
 
 def _post(url: str, token: str) -> dict[str, Any]:
@@ -233,7 +239,15 @@ class DemoSwarm:
                                                    checkpoint=a.checkpoint))
 
     def stats(self) -> dict[str, Any]:
-        return _get(self.url + "/api/stats")
+        """The coordinator's stats; a slow answer is retried for :data:`STATS_PATIENCE_S` seconds."""
+        deadline = time.monotonic() + STATS_PATIENCE_S
+        while True:
+            try:
+                return _get(self.url + "/api/stats", 15.0)
+            except OSError:  # includes timeouts and refused connections
+                if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                    raise RuntimeError(f"the coordinator stopped answering; see {self.run_dir / 'coordinator.log'}")
+                time.sleep(2.0)
 
     def finish(self) -> None:
         _post(self.url + "/api/finish", self.token_file.read_text().strip())

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)

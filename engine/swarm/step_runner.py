@@ -34,13 +34,13 @@ import numpy as np
 
 from engine.rl.batch import TrainBatch, stack_batches
 from engine.rl.rollout import Group, Sample
+from engine.rl.run_task import RunTask
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""The run's task as the coordinator schedules it: prompt keys, prompt ids, rewards from tokens.
+"""A run's task as training sees it: prompt keys, prompt ids, rewards and eval scores from tokens.
+
+One rollout-and-scoring path for both trainers: the swarm's coordinator schedules and scores
+with it, and the in-process ``engine.rl.trainer.Trainer`` samples and scores with the very same
+object, so both train on the same prompts, rewards and held-out scores.
 
 The coordinator's schedulers deal in *prompt keys*: plain strings that the replay buffer
 (SQLite) stores and that map, without any other state, to the prompt's token ids. A
@@ -18,7 +22,8 @@ The coordinator's schedulers deal in *prompt keys*: plain strings that the repla
 
 Both say which ids end a completion (``stop_ids``, the first is the canonical EOS) and which id
 pads a batch. :func:`make_run_task` picks one from the task's name and the checkpoint's
-tokenizer files. What it does not know: jobs, nodes, messages, the store.
+tokenizer files (:func:`run_task_for_codec` from an already loaded codec). What it does not
+know: jobs, nodes, messages, the store, pipelines.
 """
 
 from __future__ import annotations
@@ -181,13 +186,18 @@ def make_run_task(config: TaskConfig, checkpoint_dir: str | Path) -> DigitRunTas
 
     Raises ``ValueError`` (``CodecError``) when the task and the model's tokenizer do not fit
     together: a chat task on a character-level base, or a digit task on a BPE model."""
-    codec = load_codec(checkpoint_dir)
+    return run_task_for_codec(config, load_codec(checkpoint_dir), where=str(checkpoint_dir))
+
+
+def run_task_for_codec(config: TaskConfig, codec: TaskCodec | ChatCodec, *,
+                       where: str = "this model") -> DigitRunTask | ChatRunTask:
+    """The run task for ``config`` spoken through ``codec`` (``where`` names the model in errors)."""
     if is_chat_task_name(config.name):
         if not isinstance(codec, ChatCodec):
-            raise CodecError(f"{config.name} is a chat task for a real model, but {checkpoint_dir} is the "
+            raise CodecError(f"{config.name} is a chat task for a real model, but {where} is the "
                              "character-level base; set model (e.g. --set model=smollm2-135m) or --checkpoint")
         return ChatRunTask(make_chat_task(config), codec)
     if not isinstance(codec, TaskCodec):
-        raise CodecError(f"{config.name} is a digit task for the character-level base, but {checkpoint_dir} has a "
+        raise CodecError(f"{config.name} is a digit task for the character-level base, but {where} has a "
                          "BPE tokenizer; choose a chat task (e.g. --set task.name=reasoning_gym:chain_sum)")
     return DigitRunTask(make_task(config), codec)
