@@ -45,14 +45,16 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 4 prompts x 8 samples a step
 #: (64 rows a step put every micro-batch's autograd graph in flight on stage 0 at once: 8.4 GB, and the
 #: first 30-minute run was OOM-killed at version 3), jobs of 8 prompts, 48 new tokens (room for the
-#: working before the tags), 8-row training micro-batches, one update per batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
-#: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
-#: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
-#: --set lr=5e-06. Not yet measured against each other in the swarm. Stage checkpoints (adapters only with
-#: LoRA: a few MB) come with every eval, so `polis export` finds the weights of every evaluated version.
+#: working before the tags), 8-row training micro-batches, one update per batch, 64 held-out items.
+#: LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low ranks match full
+#: fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO that rose on this
+#: task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false --set lr=5e-06.
+#: Not yet measured against each other in the swarm. Stage checkpoints (adapters only with LoRA: a few
+#: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
 #: Activations cross the stage boundary as bf16: int8 with per-row scales, the tiny base's default,
 #: wrecks a real model's residual stream (a few channels carry outliers a hundred times the rest):
-#: SmolLM2's greedy strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8 at its layer-15 boundary.
+#: SmolLM2's greedy strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 %
+#: with int8 at its layer-15 boundary.
 REAL_MODEL_SETTINGS = (
     "activation_encoding=bf16",
     "group_size=8", "prompts_per_step=4", "prompts_per_job=8", "generations_in_flight=2",
@@ -246,7 +248,7 @@ class DemoSwarm:
                 return _get(self.url + "/api/stats", 15.0)
             except OSError:  # includes timeouts and refused connections
                 if time.monotonic() > deadline or self.procs[0].poll() is not None:
-                    raise RuntimeError(f"the coordinator stopped answering; see {self.run_dir / 'coordinator.log'}")
+                    raise RuntimeError(f"the coordinator stopped answering; see {self.run_dir / 'coordinator.log'}") from None
                 time.sleep(2.0)
 
     def finish(self) -> None:
