@@ -248,7 +248,8 @@ class DemoSwarm:
                 return _get(self.url + "/api/stats", 15.0)
             except OSError:  # includes timeouts and refused connections
                 if time.monotonic() > deadline or self.procs[0].poll() is not None:
-                    raise RuntimeError(f"the coordinator stopped answering; see {self.run_dir / 'coordinator.log'}") from None
+                    log_file = self.run_dir / "coordinator.log"
+                    raise RuntimeError(f"the coordinator stopped answering; see {log_file}") from None
                 time.sleep(2.0)
 
     def finish(self) -> None:
