@@ -65,7 +65,11 @@ REAL_MODEL_SETTINGS = (
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
 REAL_MODEL_TIMEOUT_S = 600.0
 #: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
-DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+#: glibc's malloc raises its mmap threshold after the first large free, so the KV caches that grow by one
+#: token a step then come from the heap and leave holes; a fixed 1 MB threshold returns every large
+#: block to the system (a precaution after a SmolLM2 stage reached 8.4 GB RSS and was OOM-killed;
+#: its effect is not measured).
+DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
 
