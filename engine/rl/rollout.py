@@ -91,7 +91,7 @@ def _buckets(prompt_ids: Sequence[np.ndarray], rows_per_prompt: int, max_rows: i
     return [idx[k:k + per_bucket] for _, idx in sorted(by_len.items()) for k in range(0, len(idx), per_bucket)]
 
 
-def _stop_array(stop_ids: int | Sequence[int]) -> np.ndarray:
+def _stop_array(stop_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
     """The ids that end a completion (one EOS id, or EOS and end-of-turn ids of a chat model)."""
     stops = np.atleast_1d(np.asarray(stop_ids, dtype=np.int64))
     if stops.size == 0:
@@ -99,7 +99,8 @@ def _stop_array(stop_ids: int | Sequence[int]) -> np.ndarray:
     return stops
 
 
-def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfig, stop_ids: int | Sequence[int],
+def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfig,
+            stop_ids: int | Sequence[int] | np.ndarray,
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Decode rows of equal-length prompts together. Returns (ids, logprobs, versions, lengths)."""
     stops = _stop_array(stop_ids)
