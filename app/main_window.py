@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from app import autostart, diagnostics, error_hints
 from app.contribution import ContributionLedger
 from app.icons import app_icon
+from app.model_export import ModelExportAction
 from app.node_controller import CrashReport, NodeController
 from app.power_policy import IdleDetector, MachineState, battery_state, may_run, read_machine_state
 from app.run_state import START_WORDS, RunState, RunView
@@ -72,6 +73,7 @@ class MainWindow(QMainWindow):
         self._key_notice_shown = False
         self._last_hello: dict[str, Any] | None = None
         self.settings_dialog: SettingsDialog | None = None
+        self._node_mode: str | None = None  # the swarm mode the running node was started with
         self.setWindowTitle("Polis")
         self.setWindowIcon(app_icon())
         self.setStyleSheet(style_sheet())
@@ -130,6 +132,10 @@ class MainWindow(QMainWindow):
         self.log_view.export_requested.connect(self._on_export_requested)
         self.tabs.addTab(self.log_view, "Log")
         self.setCentralWidget(root)
+        # the owner of a local demo swarm can write its model to a folder (the node does the work)
+        self.model_export = ModelExportAction(self, self.controller, lambda: self._node_mode == "demo")
+        self.model_export.message.connect(self.log_view.append)
+        self.menuBar().addMenu("&Model").addAction(self.model_export.action)
 
     def _connect_controller(self) -> None:
         c = self.controller
@@ -180,6 +186,7 @@ class MainWindow(QMainWindow):
         self.banner.clear()
         self.schedule_paused = False
         self.run.start(self.settings.swarm_mode)
+        self._node_mode = self.settings.swarm_mode
         self.log_view.append("info", f"Starting the node: {START_WORDS.get(self.settings.swarm_mode, '')}.")
         self.controller.start(node_arguments(self.settings))
         self._render()
@@ -194,6 +201,7 @@ class MainWindow(QMainWindow):
         self.banner.clear()
         self.schedule_paused = False
         self.run.restart(self.settings.swarm_mode)
+        self._node_mode = self.settings.swarm_mode
         self.controller.restart(node_arguments(self.settings))
         self._render()
 

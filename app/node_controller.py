@@ -80,6 +80,7 @@ class NodeController(QObject):
     swarm_received = Signal(dict)
     log_received = Signal(str, str)  # level, message
     error_received = Signal(dict)  # message, hint, fatal
+    exported = Signal(dict)  # path, version, model: the local demo's model was written there
     stderr_line = Signal(str)
     running_changed = Signal(bool)
     stopped = Signal()  # the node exited after stop() (or on its own with exit code 0)
@@ -184,6 +185,11 @@ class NodeController(QObject):
     def request_status(self) -> None:
         self._send("status")
 
+    def export_model(self, out: str, version: int | None = None) -> None:
+        """Ask the node (the owner of a local demo) to write its model into the folder ``out``;
+        ``exported`` or ``error_received`` answers."""
+        self._send("export", out=out, version=version)
+
     def stop(self) -> None:
         """Stop cleanly: ``stop`` command, terminate after ``stop_timeout_s``, kill after ``kill_timeout_s``."""
         self._pending_restart = None
@@ -285,6 +291,8 @@ class NodeController(QObject):
                 self.log_received.emit(str(event.get("level") or "info"), str(event.get("message") or ""))
             elif kind == "error":
                 self.error_received.emit(event)
+            elif kind == "exported":
+                self.exported.emit(event)
         except Exception:  # a slot failing on odd data must not stop the stream
             log.exception("error while handling a %s event from the node", kind)
 

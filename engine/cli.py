@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("engine.model.importers.command",
                "make a Polis base from an HF directory, a .gguf file or smollm2-135m"),
     "check-model": ("engine.model.sharded_check", "check sharded generation across backends against transformers"),
+    "train": ("engine.swarm.train_command",
+              "train the swarm's run recipe in one process (the comparison for polis demo at equal samples)"),
     "eval": ("engine.rl.eval_command", "held-out greedy accuracy of an HF checkpoint on digit or reasoning-gym tasks"),
     "export": ("engine.model.export.command", "write a run's policy version as an HF checkpoint with a model card"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),

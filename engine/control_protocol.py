@@ -20,6 +20,9 @@ Commands (supervisor -> node), each ``{"cmd": NAME, ...}``:
 ``stop``        leave the swarm cleanly and exit (exit code 0).
 ``set_limits``  ``{"limits": {...}}`` — any subset of :data:`LIMIT_FIELDS`.
 ``status``      ask for an immediate ``status`` event.
+``export``      ``{"out": FOLDER}`` (optional ``version``) — the owner of a local demo swarm (``polis node
+                --demo``) writes that run's policy as an HF checkpoint with a model card into FOLDER
+                (``polis export``); answered by an ``exported`` event, or an ``error`` event.
 
 Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
 
@@ -42,6 +45,7 @@ Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
              ``{"prompt", "answer", "reward", "version"}``, newest last).
 ``log``      ``level``, ``message`` (user-facing log lines; the full log is stderr).
 ``error``    ``message`` (what happened), ``hint`` (what to do next), ``fatal`` (bool).
+``exported`` ``path`` (the folder written), ``version`` (the policy version in it), ``model`` (name, optional).
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ from engine.net.wire import FLOAT_MAX, unbounded_float_fields
 #: longest line either side accepts (bytes); longer lines are rejected unread.
 MAX_LINE_BYTES = 256 * 1024
 
-COMMANDS = ("start", "pause", "stop", "set_limits", "status")
-EVENTS = ("hello", "state", "status", "stats", "swarm", "log", "error")
+COMMANDS = ("start", "pause", "stop", "set_limits", "status", "export")
+EVENTS = ("hello", "state", "status", "stats", "swarm", "log", "error", "exported")
 STATES = ("idle", "connecting", "loading", "contributing", "paused", "stopping", "error")
 
 class ProtocolError(ValueError):
@@ -137,7 +141,18 @@ class Status(_Command, frozen=True, tag="status"):
     """Ask for an immediate status event."""
 
 
-Command = Union[Start, Pause, Stop, SetLimits, Status]
+#: a folder path on the node's machine
+FolderPath = Annotated[str, Meta(min_length=1, max_length=4096)]
+
+
+class Export(_Command, frozen=True, tag="export"):
+    """Write the local demo's policy as an HF checkpoint into ``out`` (an absent or empty folder)."""
+
+    out: FolderPath  # the folder to write
+    version: Version | None = None  # the policy version (None: the newest every stage has checkpointed)
+
+
+Command = Union[Start, Pause, Stop, SetLimits, Status, Export]
 
 
 # ---------------------------------------------------------------- events (node -> supervisor)
@@ -255,7 +270,13 @@ class ErrorEvent(_Event, frozen=True, tag="error"):
     fatal: bool = False  # the node is exiting
 
 
-Event = Union[Hello, StateEvent, StatusEvent, Stats, SwarmEvent, LogEvent, ErrorEvent]
+class Exported(_Event, frozen=True, tag="exported"):
+    path: FolderPath  # the folder written (config.json, safetensors, tokenizer, README.md model card)
+    version: Version  # the policy version it holds
+    model: Name | None = None  # the model's name, e.g. "smollm2-135m"
+
+
+Event = Union[Hello, StateEvent, StatusEvent, Stats, SwarmEvent, LogEvent, ErrorEvent, Exported]
 
 for _union in (Command, Event):
     if unbounded_float_fields(_union):  # the NaN/inf rule of engine.net.wire
@@ -263,9 +284,10 @@ for _union in (Command, Event):
 _COMMANDS = msgspec.json.Decoder(Command)
 _EVENTS = msgspec.json.Decoder(Event)
 _ENCODER = msgspec.json.Encoder()
-_COMMAND_TYPES = {"start": Start, "pause": Pause, "stop": Stop, "set_limits": SetLimits, "status": Status}
+_COMMAND_TYPES = {"start": Start, "pause": Pause, "stop": Stop, "set_limits": SetLimits, "status": Status,
+                  "export": Export}
 _EVENT_TYPES = {"hello": Hello, "state": StateEvent, "status": StatusEvent, "stats": Stats, "swarm": SwarmEvent,
-                "log": LogEvent, "error": ErrorEvent}
+                "log": LogEvent, "error": ErrorEvent, "exported": Exported}
 
 
 def _error(exc: Exception) -> ProtocolError:

@@ -10,7 +10,7 @@ environment over a chat question source), ``token_rollout`` (one episode at the 
 one growing context for a KV cache, the trajectory and its behaviour log-probs; ``TokenEpisodeRun``
 is the stepping the swarm's turn driver shares), ``registry`` (the environments a run can name).
 
-What it does not know: models, backends, the swarm (``engine.swarm.env_run_task`` and
+What it does not know: models, backends, the swarm (``engine.rl.env_run_task`` and
 ``engine.swarm.episodes`` drive episodes through the pipeline). Importing it pulls in no torch,
 mlx, Qt or network stack.
 """

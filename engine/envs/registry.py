@@ -2,7 +2,7 @@
 
 A run names its environment; the coordinator builds it here over the run's chat task (the
 question source: items with a question and a gold answer, and the task's own score) and wraps it
-for the swarm (``engine.swarm.env_run_task``). Adding an environment to the swarm is one entry
+for the swarm (``engine.rl.env_run_task``). Adding an environment to the swarm is one entry
 in :data:`ENVIRONMENTS` and its name in ``engine.swarm.run_config.EnvSettings.name``.
 
 What it does not know: tokens, models, the swarm.

@@ -94,9 +94,19 @@ def _buckets(prompt_ids: Sequence[np.ndarray], rows_per_prompt: int, max_rows: i
     return [idx[k:k + per_bucket] for _, idx in sorted(by_len.items()) for k in range(0, len(idx), per_bucket)]
 
 
-def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfig, eos_id: int,
+def _stop_array(stop_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+    """The ids that end a completion (one EOS id, or EOS and end-of-turn ids of a chat model)."""
+    stops = np.atleast_1d(np.asarray(stop_ids, dtype=np.int64))
+    if stops.size == 0:
+        raise ValueError("need at least one stop id")
+    return stops
+
+
+def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfig,
+            stop_ids: int | Sequence[int] | np.ndarray,
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Decode rows of equal-length prompts together. Returns (ids, logprobs, versions, lengths)."""
+    stops = _stop_array(stop_ids)
     rows = tokens.shape[0]
     steps = sampling.max_new_tokens
     out_ids = np.zeros((rows, steps), dtype=np.int64)
@@ -111,7 +121,7 @@ def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfi
             out_ver[:, t] = pipeline.versions()
             tok, lp = sample_from_logits(logits, rng, temperature=sampling.temperature, top_p=sampling.top_p)
             out_ids[:, t], out_lp[:, t] = tok, lp
-            newly = ~done & (tok == eos_id)
+            newly = ~done & np.isin(tok, stops)
             lengths[newly] = t + 1
             done |= newly
             if done.all() or t == steps - 1:
@@ -123,21 +133,25 @@ def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfi
 
 
 def generate_groups(pipeline: StagePipeline, prompts: Sequence[str], prompt_ids: Sequence[Sequence[int]],
-                    group_size: int, sampling: SamplingConfig, eos_id: int,
+                    group_size: int, sampling: SamplingConfig, stop_ids: int | Sequence[int],
                     rng: np.random.Generator) -> list[Group]:
-    """Sample ``group_size`` completions of every prompt; groups come back in prompt order."""
+    """Sample ``group_size`` completions of every prompt; groups come back in prompt order.
+
+    A completion ends at the first of ``stop_ids`` (an EOS id, or a chat model's EOS and
+    end-of-turn ids), which it keeps."""
     if group_size < 1:
         raise ValueError("group_size must be >= 1")
     if len(prompts) != len(prompt_ids):
         raise ValueError("one id list per prompt")
     arrays = [np.asarray(ids, dtype=np.int64) for ids in prompt_ids]
     groups = [Group(prompt=p, prompt_ids=a) for p, a in zip(prompts, arrays)]
+    stops = _stop_array(stop_ids)
     for bucket in _buckets(arrays, group_size, sampling.max_rows_per_cache):
         tokens = np.repeat(np.stack([arrays[i] for i in bucket]), group_size, axis=0)
-        ids, lps, vers, lengths = _decode(pipeline, tokens, sampling, eos_id, rng)
+        ids, lps, vers, lengths = _decode(pipeline, tokens, sampling, stops, rng)
         for row in range(tokens.shape[0]):
             n = int(lengths[row])
-            finished = bool(ids[row, n - 1] == eos_id)
+            finished = bool(np.isin(ids[row, n - 1], stops))
             groups[bucket[row // group_size]].samples.append(
                 Sample(completion_ids=ids[row, :n].copy(), behaviour_logprobs=lps[row, :n].copy(),
                        versions=vers[row, :n].copy(), finished=finished))
@@ -145,14 +159,14 @@ def generate_groups(pipeline: StagePipeline, prompts: Sequence[str], prompt_ids:
 
 
 def greedy_completions(pipeline: StagePipeline, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
-                       eos_id: int, max_rows_per_cache: int = 512) -> list[np.ndarray]:
-    """Greedy completion ids (EOS included when emitted) of every prompt, in order."""
+                       stop_ids: int | Sequence[int], max_rows_per_cache: int = 512) -> list[np.ndarray]:
+    """Greedy completion ids (the stop id included when emitted) of every prompt, in order."""
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_rows_per_cache=max_rows_per_cache)
     arrays = [np.asarray(ids, dtype=np.int64) for ids in prompt_ids]
     out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(arrays)
     rng = np.random.default_rng(0)  # unused by greedy decoding
     for bucket in _buckets(arrays, 1, max_rows_per_cache):
-        ids, _, _, lengths = _decode(pipeline, np.stack([arrays[i] for i in bucket]), sampling, eos_id, rng)
+        ids, _, _, lengths = _decode(pipeline, np.stack([arrays[i] for i in bucket]), sampling, stop_ids, rng)
         for row, i in enumerate(bucket):
             out[i] = ids[row, :int(lengths[row])].copy()
     return out

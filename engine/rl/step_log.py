@@ -41,6 +41,7 @@ class StepLog:
 class EvalLog:
     step: int
     versions: tuple[int, ...]
-    exact_match: float  #: greedy exact match on the held-out split
+    exact_match: float  #: greedy held-out strict score (digit tasks: exact match; chat tasks: answer in tags)
     mean_reward: float  #: greedy reward (the task's reward kind) on the held-out split
     seconds: float
+    content: float | None = None  #: chat tasks: the stated answer's score, tags ignored (digit tasks: None)

@@ -15,6 +15,14 @@ of the batch (with a single update, the keyed forward itself provides them). Eac
 records a ``StepLog``: reward, masked fraction, ESS of the importance weights, staleness
 histogram, dropped and zero-variance counts, an entropy estimate.
 
+Prompts, prompt ids, stop ids, rewards and held-out scores all come from the run's
+``engine.rl.run_task.RunTask`` — the object the swarm's coordinator samples and scores with —
+so a digit task on the character-level base and a chat task (``reasoning_gym:<dataset>``) on a
+real model with a chat template (``ChatCodec``) go through one rollout and scoring path, the
+swarm's. Digit tasks draw prompts from ``prompt_rng`` (saved and restored with the run); chat
+tasks from the task's seeded training stream (``train_prompts(seed)``, never a held-out item),
+which a restored run starts again from its beginning.
+
 What it does not know: transports (it talks to a ``StagePipeline``), tensor libraries.
 """
 
@@ -27,16 +35,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engine.rl.batch import TrainBatch
-from engine.rl.codec import TaskCodec
-from engine.rl.evaluation import evaluate_greedy
+from engine.rl.codec import ChatCodec, TaskCodec
+from engine.rl.evaluation import evaluate_run_task
 from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.pipeline import StagePipeline
 from engine.rl.rollout import Group, SamplingConfig, generate_groups
 from engine.rl.run_state import restore_run, save_run
+from engine.rl.run_task import DigitRunTask, run_task_for_codec
 from engine.rl.staleness import LaggedQueue
 from engine.rl.step_log import EvalLog, StepLog
-from engine.rl.tasks import Task, TaskConfig, make_task
-from engine.rl.tasks.rewards import exact_match, token_reward
+from engine.rl.tasks import TaskConfig
 from engine.rl.update import UpdateRules, plan_update
 
 log = logging.getLogger(__name__)
@@ -112,16 +120,19 @@ class TrainerConfig:
 class Trainer:
     """Runs RL on ``pipeline`` for ``config``. ``reference`` (frozen base) is needed for KL."""
 
-    def __init__(self, pipeline: StagePipeline, codec: TaskCodec, config: TrainerConfig, *,
+    def __init__(self, pipeline: StagePipeline, codec: TaskCodec | ChatCodec, config: TrainerConfig, *,
                  reference: StagePipeline | None = None) -> None:
         if config.objective.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference pipeline")
         self.pipeline, self.codec, self.config, self.reference = pipeline, codec, config, reference
         self.rules = config.update_rules()
-        self.task: Task = make_task(config.task)
-        missing = set(self.task.alphabet) - set(codec.char_to_id)
-        if missing:
-            raise ValueError(f"the tokenizer lacks characters {''.join(sorted(missing))!r} of task {self.task.name}")
+        self.run_task = run_task_for_codec(config.task, codec)  # raises CodecError when they do not fit
+        if isinstance(self.run_task, DigitRunTask):
+            digits = self.run_task
+            missing = set(digits.task.alphabet) - set(digits.codec.char_to_id)
+            if missing:
+                raise ValueError(f"the tokenizer lacks characters {''.join(sorted(missing))!r} of task {digits.name}")
+        self._train_keys = self.run_task.train_prompts(config.seed)
         self.prompt_rng = np.random.default_rng([config.seed, 1])
         self.sample_rng = np.random.default_rng([config.seed, 2])
         self.shuffle_rng = np.random.default_rng([config.seed, 3])
@@ -129,25 +140,31 @@ class Trainer:
         self.step_count = 0
         self.steps: list[StepLog] = []
         self.evals: list[EvalLog] = []
-        self._eval_examples = self.task.eval_split()
+        self._eval_prompts = self.run_task.eval_prompts()
 
     # -- rollouts ---------------------------------------------------------------------
     def next_prompts(self) -> list[str]:
+        """The next ``prompts_per_step`` training prompt keys (never a held-out one)."""
+        n = self.config.prompts_per_step
+        if not isinstance(self.run_task, DigitRunTask):
+            return [next(self._train_keys) for _ in range(n)]
+        task = self.run_task.task
         prompts: list[str] = []
-        while len(prompts) < self.config.prompts_per_step:
-            p = self.task.random_prompt(self.prompt_rng)
-            if not self.task.is_held_out(p):
+        while len(prompts) < n:
+            p = task.random_prompt(self.prompt_rng)
+            if not task.is_held_out(p):
                 prompts.append(p)
         return prompts
 
     def generate(self) -> list[Group]:
         """A scored batch of groups from the current policy."""
+        task = self.run_task
         prompts = self.next_prompts()
-        groups = generate_groups(self.pipeline, prompts, [self.codec.encode_prompt(p) for p in prompts],
-                                 self.config.group_size, self.config.sampling, self.codec.eos_id, self.sample_rng)
+        groups = generate_groups(self.pipeline, prompts, [task.prompt_ids(p) for p in prompts],
+                                 self.config.group_size, self.config.sampling, task.stop_ids, self.sample_rng)
         for g in groups:
             for s in g.samples:
-                s.reward = token_reward(self.task, g.prompt, s.completion_ids, self.codec)
+                s.reward = task.reward(g.prompt, [int(t) for t in s.completion_ids])
         return groups
 
     # -- one step -----------------------------------------------------------------------
@@ -178,13 +195,14 @@ class Trainer:
         samples = [s for g in groups for s in g.samples]
         out.groups = len(groups)
         out.reward_mean = float(np.mean([s.reward for s in samples]))
-        out.exact_fraction = float(np.mean([exact_match(self.task, g.prompt, s.completion_ids, self.codec)
+        score = self.run_task.eval_score
+        out.exact_fraction = float(np.mean([score(g.prompt, [int(t) for t in s.completion_ids]).strict
                                             for g in groups for s in g.samples]))
         out.finished_fraction = float(np.mean([s.finished for s in samples]))
         out.completion_tokens_mean = float(np.mean([len(s.completion_ids) for s in samples]))
         out.entropy_proxy = float(-np.mean(np.concatenate([s.behaviour_logprobs for s in samples])))
 
-        plan = plan_update(groups, self.pipeline.versions(), self.rules, self.codec.pad_id,
+        plan = plan_update(groups, self.pipeline.versions(), self.rules, self.run_task.pad_id,
                            shuffle_rng=self.shuffle_rng if cfg.shuffle_rewards else None)
         out.staleness_histogram, out.dropped_stale = plan.staleness_histogram, plan.dropped_stale
         out.zero_variance_fraction = plan.zero_variance_fraction
@@ -255,11 +273,11 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> EvalLog:
-        """Greedy decoding on the held-out split; recorded in ``self.evals``."""
-        r = evaluate_greedy(self.pipeline, self.codec, self.task, self.config.sampling.max_new_tokens,
-                            self._eval_examples)
+        """Greedy decoding on the held-out split, scored by the run task; recorded in ``self.evals``."""
+        r = evaluate_run_task(self.pipeline, self.run_task, self.config.sampling.max_new_tokens, self._eval_prompts)
         result = EvalLog(step=self.step_count, versions=self.pipeline.versions(), exact_match=r.exact_match,
-                         mean_reward=r.mean_reward, seconds=r.seconds)
+                         mean_reward=r.mean_reward, seconds=r.seconds, content=r.content)
         self.evals.append(result)
-        log.info("eval at step %d: exact %.3f reward %.3f", result.step, result.exact_match, result.mean_reward)
+        log.info("eval at step %d: strict %.3f content %s reward %.3f", result.step, result.exact_match,
+                 "-" if r.content is None else f"{r.content:.3f}", result.mean_reward)
         return result

@@ -45,6 +45,7 @@ from engine.model.shard_plan import plan_stages
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import peer_id_for, verify_signature
 from engine.net.signalling import SignallingServer
+from engine.rl.run_task import make_run_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
@@ -55,7 +56,6 @@ from engine.swarm.node_reports import NodeReports
 from engine.swarm.rollout_monitor import RolloutMonitor
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
-from engine.swarm.run_task import make_run_task
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner

@@ -37,25 +37,30 @@ DEFAULT_STAGES = 2
 DEFAULT_REPLICAS = 2
 #: the real model's demo: 2 stages x 1 replica (2 node processes on 2 cores)
 REAL_MODEL_REPLICAS = 1
-#: the task the real model's demo trains by default: 2 one-digit terms, where SmolLM2-135M-Instruct
-#: starts well above zero but far from solved (DESIGN §9: about 41-54 % strict with a worked example)
+#: the task the real model's demo trains by default: 2 terms of 1-2 digits, where SmolLM2-135M-Instruct
+#: starts in the middle, leaving room for a rise (`polis eval`, 64 held-out items, greedy, 48 tokens,
+#: worked example: 34.4 % strict and content; 2 one-digit terms 73.4 %, 3 one-digit terms 15.6 %)
 REAL_MODEL_TASK = "reasoning_gym:chain_sum"
-REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-#: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 8 prompts x 8 samples a step,
-#: 48 new tokens (room for the working before the tags), 8-row training micro-batches, one update per
-#: batch, 64 held-out items. LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low
-#: ranks match full fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO
-#: that rose on this task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false
-#: --set lr=5e-06. Not yet measured against each other in the swarm. Activations cross the stage
-#: boundary as bf16: int8 with per-row scales, the tiny base's default, wrecks a real model's residual
-#: stream (a few channels carry outliers a hundred times the rest): SmolLM2's greedy strict accuracy on
-#: 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8 at its layer-15 boundary.
+REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+#: the real model's run, sized for 2 CPU cores and for memory (DESIGN §9): 4 prompts x 8 samples a step
+#: (64 rows a step put every micro-batch's autograd graph in flight on stage 0 at once: 8.4 GB, and the
+#: first 30-minute run was OOM-killed at version 3), jobs of 8 prompts, 48 new tokens (room for the
+#: working before the tags), 8-row training micro-batches, one update per batch, 64 held-out items.
+#: LoRA rank 16 on every linear layer ("LoRA Without Regret": for RL even low ranks match full
+#: fine-tuning, at about 10x its lr: 5e-5 against the 5e-6 of the in-process full GRPO that rose on this
+#: task); replicas then move adapters only. Full fine-tuning: --set lora.enabled=false --set lr=5e-06.
+#: Not yet measured against each other in the swarm. Stage checkpoints (adapters only with LoRA: a few
+#: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
+#: Activations cross the stage boundary as bf16: int8 with per-row scales, the tiny base's default,
+#: wrecks a real model's residual stream (a few channels carry outliers a hundred times the rest):
+#: SmolLM2's greedy strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 %
+#: with int8 at its layer-15 boundary.
 REAL_MODEL_SETTINGS = (
     "activation_encoding=bf16",
-    "group_size=8", "prompts_per_step=8", "prompts_per_job=8", "generations_in_flight=2",
+    "group_size=8", "prompts_per_step=4", "prompts_per_job=8", "generations_in_flight=2",
     "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
     "lr=5e-05", "sampling.max_new_tokens=48",
-    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=5", "checkpoint_every_versions=50",
+    "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=8", "checkpoint_every_versions=8",
 )
 #: ``--env calculator``: questions a 135M model cannot do in its head (two or three terms of 3-4 digits,
 #: DESIGN §9), answered with a calculator tool over up to 4 turns; 64 new tokens a turn (a tool call
@@ -66,7 +71,11 @@ ENV_SETTINGS = ("env.max_turns=4", "env.max_context_tokens=1024", "sampling.max_
 #: the real model's job and step deadlines (seconds): generous, a timed-out job is generated twice
 REAL_MODEL_TIMEOUT_S = 600.0
 #: every demo process computes with one thread, so 4 nodes + a coordinator share a small machine fairly.
-DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+#: glibc's malloc raises its mmap threshold after the first large free, so the KV caches that grow by one
+#: token a step then come from the heap and leave holes; a fixed 1 MB threshold returns every large
+#: block to the system (a precaution after a SmolLM2 stage reached 8.4 GB RSS and was OOM-killed;
+#: its effect is not measured).
+DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -106,6 +115,11 @@ def _free_port() -> int:
 def _get(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+#: how long the watch loop waits out a coordinator that does not answer its stats request (a busy or
+#: memory-starved machine stalls it for seconds) before it gives the run up
+STATS_PATIENCE_S = 120.0
 
 
 def _post(url: str, token: str) -> dict[str, Any]:
@@ -240,7 +254,16 @@ class DemoSwarm:
                                                    checkpoint=a.checkpoint))
 
     def stats(self) -> dict[str, Any]:
-        return _get(self.url + "/api/stats")
+        """The coordinator's stats; a slow answer is retried for :data:`STATS_PATIENCE_S` seconds."""
+        deadline = time.monotonic() + STATS_PATIENCE_S
+        while True:
+            try:
+                return _get(self.url + "/api/stats", 15.0)
+            except OSError:  # includes timeouts and refused connections
+                if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                    log_file = self.run_dir / "coordinator.log"
+                    raise RuntimeError(f"the coordinator stopped answering; see {log_file}") from None
+                time.sleep(2.0)
 
     def finish(self) -> None:
         _post(self.url + "/api/finish", self.token_file.read_text().strip())
@@ -310,8 +333,9 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             ensure_imported(args.model, out)
         swarm.start()
-        stats = _watch(swarm, args, started, out)
-        summary = _summary(stats, time.monotonic() - started, args)
+        version_times = VersionTimes()
+        stats = _watch(swarm, args, started, out, version_times)
+        summary = _summary(stats, time.monotonic() - started, args, version_times)
         if args.env:
             swarm.stop()  # the base's no-tool eval below wants the cores
             summary["eval_without_tool_before"] = _without_tool(run_dir, out)
@@ -331,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> dict[str, Any]:
+def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
+           version_times: VersionTimes) -> dict[str, Any]:
     budget_s = args.minutes * 60.0
     finish_sent = False
     last_tokens, last_t = 0.0, time.monotonic()
@@ -344,6 +369,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
                 raise RuntimeError(f"the coordinator exited; see {swarm.run_dir / 'coordinator.log'}")
         stats = swarm.stats()
         now = time.monotonic()
+        version_times.see(stats["version"], now)
         rate = (stats["tokens_generated"] - last_tokens) / max(now - last_t, 1e-6)
         last_tokens, last_t = stats["tokens_generated"], now
         elapsed = now - started
@@ -363,7 +389,9 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out) -> d
                 raise RuntimeError("the final eval did not finish within 4 minutes")
 
 
-def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace,
+             version_times: VersionTimes | None = None) -> dict[str, Any]:
+    version_times = version_times or VersionTimes()
     evals = stats["evals"]
     first = next((e for e in evals if e["version"] == 0), None)
     last = evals[-1] if evals and (evals[-1]["version"] > 0 or stats["version"] == 0) else None
@@ -376,7 +404,14 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace) ->
         "model": stats.get("model"), "lora_rank": stats.get("lora_rank"), "seconds": round(seconds, 1),
         # the coordinator's view of the last steps: seconds from taking the batch to the new version
         # (training micro-batches through the pipeline + the replicas' apply), and what generation made
-        "step_seconds_mean": round(sum(s["seconds"] for s in steps) / len(steps), 2) if steps else None,
+        "step_seconds_mean": _mean_key(steps, "seconds"),
+        # its split: the micro-batches' forward+backward through the stages, then the apply step
+        # (the replicas' gradient exchange, the optimiser step, the acknowledgements)
+        "step_train_seconds_mean": _mean_key(steps, "train_s"),
+        "step_apply_seconds_mean": _mean_key(steps, "apply_s"),
+        # wall clock between consecutive versions, seen by this process (generation waits and evals included)
+        "seconds_per_version": version_times.seconds_per_version(),
+        "samples_trained": sum(v["samples"] for v in stats.get("versions", [])),
         # a training generation job (prompts_per_job x group_size rows), dispatch to last token, jobs overlapping
         "train_job_seconds_mean": _mean_of(stats["counters"], "train"),
         "eval_job_seconds_mean": _mean_of(stats["counters"], "eval"),
@@ -428,6 +463,29 @@ def _without_tool(run_dir: Path, out) -> dict[str, Any]:
     return {"strict": result.strict, "content": result.content, "items": result.items, "seconds": result.seconds}
 
 
+def _mean_key(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return round(sum(values) / len(values), 2) if values else None
+
+
+class VersionTimes:
+    """When this process first saw each policy version (monotonic seconds), for the cost of a version."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[int, float] = {}
+
+    def see(self, version: int, now: float) -> None:
+        self.first_seen.setdefault(version, now)
+
+    def seconds_per_version(self) -> float | None:
+        """Mean seconds from version 1 to the last version seen (None before two versions)."""
+        trained = sorted(v for v in self.first_seen if v >= 1)
+        if len(trained) < 2:
+            return None
+        first, last = trained[0], trained[-1]
+        return round((self.first_seen[last] - self.first_seen[first]) / (last - first), 1)
+
+
 def _mean_of(counters: dict[str, Any], kind: str) -> float | None:
     done = counters.get(f"{kind}_jobs_done", 0)
     return round(counters.get(f"{kind}_job_seconds", 0.0) / done, 2) if done else None
@@ -458,3 +516,8 @@ def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     print(f"Run: {summary['seconds']:.0f} s, {summary['nodes']} nodes, {summary['stages']} stages, "
           f"{summary['tokens_generated']} tokens generated, {summary['bytes_on_wire'] / 1e6:.1f} MB on the wire, "
           f"rollouts lost: {summary['rollouts_lost']}", file=out)
+    if summary["step_seconds_mean"] is not None:
+        print(f"Per version: {summary['seconds_per_version'] or 'n/a'} s wall clock; a step "
+              f"{summary['step_seconds_mean']} s = training pass {summary['step_train_seconds_mean']} s + apply "
+              f"{summary['step_apply_seconds_mean']} s; a generation job {summary['train_job_seconds_mean']} s",
+              file=out)

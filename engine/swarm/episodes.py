@@ -1,6 +1,6 @@
 """The coordinator's turn driver: every rollout is an episode, stepped turn by turn.
 
-A generation job's rows are episodes (``engine.swarm.run_task.EpisodeRun``), grouped in
+A generation job's rows are episodes (``engine.rl.run_task.EpisodeRun``), grouped in
 :class:`EpisodeBatch` es that finish together: a training group (G episodes of one prompt, whose
 rewards make the advantages) or the prompts of one eval job. When a job's turn comes back,
 :meth:`TurnDriver.on_turn` steps each row's episode (tools run off the event loop, on a small
@@ -38,7 +38,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from engine.swarm import messages
-from engine.swarm.episode_outcome import EpisodeRun
+from engine.rl.episode_outcome import EpisodeRun
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)

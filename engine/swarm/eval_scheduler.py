@@ -4,7 +4,7 @@ An eval of version v decodes every held-out prompt greedily, ``EVAL_ROWS`` promp
 length per job, and records two figures for v in the store: the task's strict score (``accuracy``;
 exact match for a digit task, the answer in tags for a chat task) and the content-only score
 (``content``: the answer the text states, format ignored; equal to strict for a digit task).
-Prompts and scores come from the run's task (``engine.swarm.run_task``). The first eval (of the
+Prompts and scores come from the run's task (``engine.rl.run_task``). The first eval (of the
 base, version 0) runs before any training; later ones when asked (every
 ``eval_every_versions``, at the end, or by an operator). The generation scheduler asks
 :meth:`EvalScheduler.next_batch` for eval work before it dispatches training rollouts, and
@@ -20,8 +20,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from engine.swarm.episode_outcome import EvalScore
-from engine.swarm.run_task import RunTask
+from engine.rl.episode_outcome import EvalScore
+from engine.rl.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)

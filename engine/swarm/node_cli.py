@@ -122,6 +122,21 @@ async def _find_or_host(args, control: StdioControl, stack: list) -> str:
     return url
 
 
+async def _export(args, control: StdioControl, command: dict) -> None:
+    """The ``export`` command of the local demo's owner: ``polis export`` on the demo's run directory."""
+    from engine.swarm.demo_export import ExportFailed, export_run
+    from engine.swarm.local_swarm import demo_run_dir
+
+    out = Path(command["out"]).expanduser()
+    control.emit("log", level="info", message=f"Exporting the demo's model to {out} (this takes a minute or two).")
+    try:
+        summary = await export_run(demo_run_dir(args), out, version=command.get("version"))
+    except ExportFailed as exc:
+        control.emit("error", message=f"The export did not finish: {exc}", hint=exc.hint)
+        return
+    control.emit("exported", path=summary["out_dir"], version=int(summary["version"]))
+
+
 async def _main(args) -> int:
     from engine.net.identity import IdentityStoreConfig, load_or_create_identity
     from engine.swarm.node import Node, NodeConfig
@@ -181,7 +196,19 @@ async def _main(args) -> int:
                 node.emit_status()
             elif cmd == "status":
                 node.emit_status(force=True)
+            elif cmd == "export":
+                if not args.demo:
+                    control.emit("error", message="Export model works for the local demo this node runs.",
+                                 hint="Export another run with `polis export --run-dir DIR --out FOLDER`.")
+                elif exporting:
+                    control.emit("error", message="An export is already running.",
+                                 hint="Wait for it to finish; its folder opens when it is written.")
+                else:
+                    task = loop.create_task(_export(args, control, command), name="polis-export")
+                    exporting.add(task)
+                    task.add_done_callback(exporting.discard)
 
+        exporting: set[asyncio.Task] = set()
         if control.enabled:
             control.start_reader(loop, on_command, node.request_stop)
         await node.run()

@@ -25,7 +25,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from engine.rl.shortcuts import divergence, shortcut_report
-from engine.swarm.episode_outcome import EpisodeOutcome
+from engine.rl.episode_outcome import EpisodeOutcome
 
 log = logging.getLogger(__name__)
 

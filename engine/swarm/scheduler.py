@@ -8,7 +8,7 @@ vocabulary, cut at the first stop id, log-probs <= 0, no version from the future
 result flags its generator and its prompts are queued again). Rewards are computed here from the returned
 token ids (never trusted from a node), with the update planner's advantage rule
 (``engine.rl.update``) for the record; every completed rollout is written to SQLite at once,
-so none is ever lost. Every rollout is an episode of the run's task (``engine.swarm.run_task``):
+so none is ever lost. Every rollout is an episode of the run's task (``engine.rl.run_task``):
 a job's rows are episodes, and an episode that goes on after its turn (an environment with
 tools) is continued by ``engine.swarm.episodes``; a group is scored and stored when all its
 episodes have ended, with its loss mask (model ids 1, observation ids 0). Each rollout keeps
@@ -29,15 +29,15 @@ from collections import Counter, defaultdict, deque
 
 import numpy as np
 
+from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.swarm.episode_outcome import EpisodeOutcome
+from engine.rl.episode_outcome import EpisodeOutcome
 from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewards
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)

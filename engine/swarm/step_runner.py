@@ -34,13 +34,13 @@ import numpy as np
 
 from engine.rl.batch import TrainBatch, stack_batches
 from engine.rl.rollout import Group, Sample
+from engine.rl.run_task import RunTask
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import RunTask
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -145,14 +145,17 @@ class StepRunner:
             proximal = stacked
         for m, (mini, prox) in enumerate(zip(plan.minibatches, proximal)):
             step = self.book.version
+            pass_started = time.monotonic()
             ok = await self.microbatches.run(step, mini, prox) is not None
+            apply_started = time.monotonic()
             ok = ok and await self._apply(step)
             if not ok:
                 if m == 0:
                     return await self._abort(step, trained_ids)
                 await self._abort(step, [])
                 break
-            self._record_step(step, mini, groups, started)
+            self._record_step(step, mini, groups, started, train_s=apply_started - pass_started,
+                              apply_s=time.monotonic() - apply_started)
         self.store.mark_rollouts(trained_ids, "consumed")
         self._failed_once -= set(trained_ids)
         for g in plan.trained:
@@ -188,13 +191,17 @@ class StepRunner:
         self.book.counters["aborted_steps"] += 1
         return False
 
-    def _record_step(self, step: int, mini: TrainBatch, groups: list[Group], started: float) -> None:
+    def _record_step(self, step: int, mini: TrainBatch, groups: list[Group], started: float, *,
+                     train_s: float, apply_s: float) -> None:
         losses = self._mb_losses.pop(step, [])
         rewards = [s.reward for g in groups for s in g.samples]
         version = self.book.version
         entry = {
             "version": version, "reward": float(np.mean(rewards)), "samples": int(mini.num_rows),
             "seconds": round(time.monotonic() - started, 3),
+            # the split of ``seconds``: the micro-batches' forward+backward through the pipeline, then the
+            # apply (replicas exchange gradients, each stage steps and acknowledges)
+            "train_s": round(train_s, 3), "apply_s": round(apply_s, 3),
             "staleness_mean": float(mini.staleness.mean()),
             "masked_fraction": float(np.mean([x.masked_fraction for x in losses])) if losses else 0.0,
             "ess": float(np.mean([x.ess for x in losses])) if losses else 1.0,

@@ -2,7 +2,8 @@
 
 Speaks the real control protocol (``engine.control_protocol``): says hello, walks
 through connecting -> loading -> contributing after ``start``, emits rising stats
-and swarm events, obeys pause/start/status/set_limits/stop, and echoes the limits
+and swarm events, obeys pause/start/status/set_limits/stop (and ``export`` with
+``--demo``: a stand-in folder, then ``exported``), and echoes the limits
 it received (on the command line and via ``set_limits``) in ``status`` events.
 Its own options (before ``--control``) make it misbehave on purpose: crash when a
 file appears, ignore ``stop``, write invalid and split lines, leak fake secrets to stderr.
@@ -138,6 +139,13 @@ def main() -> int:
                 status()
             elif cmd == "status":
                 status()
+            elif cmd == "export" and not args.demo:
+                _emit("error", message="Export model works for the local demo this node runs.", hint="", fatal=False)
+            elif cmd == "export":  # a stand-in folder: the real node runs `polis export` (engine.swarm.demo_export)
+                out = Path(command["out"])
+                out.mkdir(parents=True)
+                (out / "README.md").write_text("---\nbase_model: scripted\n---\n# scripted export\n")
+                _emit("exported", path=str(out), version=version, model="scripted")
             elif cmd == "stop" and not args.ignore_stop:
                 _emit("state", state="stopping", detail="leaving the swarm")
                 return 0

@@ -17,13 +17,13 @@ from engine.paths import base_checkpoint_dir
 from engine.rl.codec import TaskCodec
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
+from engine.rl.run_task import DigitRunTask
 from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EVAL_ROWS, EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
 from tests.support.recording_links import RecordingLinks

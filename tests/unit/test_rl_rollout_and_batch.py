@@ -72,7 +72,7 @@ def test_rows_per_cache_are_capped():
 
 def test_greedy_completions_follow_the_argmax_and_stop_at_eos():
     pipe = BigramPipeline(seed=4)
-    outs = greedy_completions(pipe, [[1, 3], [1, 6, 6]], max_new_tokens=5, eos_id=EOS)
+    outs = greedy_completions(pipe, [[1, 3], [1, 6, 6]], max_new_tokens=5, stop_ids=EOS)
     for prompt, out in zip([[1, 3], [1, 6, 6]], outs):
         prev = prompt[-1]
         for tok in out:
@@ -123,3 +123,18 @@ def test_lagged_queue_releases_an_item_only_after_lag_newer_ones():
     assert LaggedQueue(0).pop_ready() is None
     with pytest.raises(ValueError):
         LaggedQueue(-1)
+
+
+def test_a_completion_ends_at_the_first_of_several_stop_ids():
+    pipe = BigramPipeline(seed=1)
+    stops = (EOS, 5)
+    groups = generate_groups(pipe, ["a"], [[1, 3]], 32, SamplingConfig(temperature=1.5, max_new_tokens=8),
+                             stops, np.random.default_rng(0))
+    ends = set()
+    for s in groups[0].samples:
+        ids = s.completion_ids.tolist()
+        assert not set(ids[:-1]) & set(stops)  # nothing after a stop id
+        assert s.finished == (ids[-1] in stops)
+        if s.finished:
+            ends.add(ids[-1])
+    assert ends == set(stops)  # both ids end completions (a lone EOS check would run past 5)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.swarm.episode_outcome import EpisodeOutcome, EvalScore
+from engine.rl.episode_outcome import EpisodeOutcome, EvalScore
 from engine.swarm.rollout_monitor import monitor_figures
 
 

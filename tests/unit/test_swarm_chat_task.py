@@ -16,13 +16,13 @@ from engine.rl.codec import CodecError
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import SamplingConfig
+from engine.rl.run_task import ChatRunTask, make_run_task
 from engine.rl.tasks import TaskConfig
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import ChatRunTask, make_run_task
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
 from tests.support.recording_links import RecordingLinks

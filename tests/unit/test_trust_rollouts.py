@@ -12,6 +12,7 @@ import pytest
 from engine.paths import base_checkpoint_dir
 from engine.rl.codec import TaskCodec
 from engine.rl.objective import ObjectiveConfig
+from engine.rl.run_task import DigitRunTask
 from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
@@ -19,7 +20,6 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import DigitRunTask
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store

@@ -16,7 +16,7 @@ from engine.swarm.coordinator import Coordinator, CoordinatorConfig
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import make_run_task
+from engine.rl.run_task import make_run_task
 from engine.swarm.store import Store, StoreUnavailable
 from tests.support.hostile_node import join
 

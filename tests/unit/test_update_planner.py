@@ -18,6 +18,7 @@ from engine.rl.codec import TaskCodec
 from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import Group, Sample
+from engine.rl.run_task import DigitRunTask
 from engine.rl.step_log import StepLog
 from engine.rl.tasks import make_task
 from engine.rl.tasks.rewards import token_reward
@@ -27,7 +28,6 @@ from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import DigitRunTask
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 

@@ -80,7 +80,7 @@ def training_rows(record: RunRecord, result: ExportResult) -> list[tuple[str, st
     inference = [p for p in record.peers if p.role == "inference"]
     backends: dict[str, int] = {}
     for p in record.peers:
-        key = f"{p.backend or '?'} on {p.device or '?'}"
+        key = f"{p.backend or '?'}" + (f" on {p.device}" if p.device else "")  # the device when the node said
         backends[key] = backends.get(key, 0) + 1
     objective = run.get("objective", {})
     correction = (f"decoupled PPO: proximal anchor, truncated importance weight min(exp(p - b), "

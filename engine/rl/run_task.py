@@ -1,4 +1,8 @@
-"""The run's task as the coordinator schedules it: prompt keys, prompt ids, rewards from tokens.
+"""A run's task as training sees it: prompt keys, prompt ids, rewards and eval scores from tokens.
+
+One rollout-and-scoring path for both trainers: the swarm's coordinator schedules and scores
+with it, and the in-process ``engine.rl.trainer.Trainer`` samples and scores with the very same
+object, so both train on the same prompts, rewards and held-out scores.
 
 The coordinator's schedulers deal in *prompt keys*: plain strings that the replay buffer
 (SQLite) stores and that map, without any other state, to the prompt's token ids. A
@@ -18,7 +22,8 @@ The coordinator's schedulers deal in *prompt keys*: plain strings that the repla
 
 Both say which ids end a completion (``stop_ids``, the first is the canonical EOS) and which id
 pads a batch. :func:`make_run_task` picks one from the task's name and the checkpoint's
-tokenizer files (and, with an environment named in the run, ``engine.swarm.env_run_task``).
+tokenizer files (:func:`run_task_for_codec` from an already loaded codec; with an environment named in
+the run, ``engine.rl.env_run_task``).
 
 Every rollout is an *episode* (``open_episode``): the scheduler generates a turn after
 ``context_ids``, hands the sampled ids to ``step`` and either continues after the ids it returns
@@ -37,7 +42,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, cast
 from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
 from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
 from engine.rl.tasks.rewards import exact_match, token_reward
-from engine.swarm.episode_outcome import (
+from engine.rl.episode_outcome import (
     MAX_LIVE_ITEMS,
     EpisodeOutcome,
     EpisodeRun,
@@ -48,7 +53,7 @@ from engine.swarm.episode_outcome import (
 
 if TYPE_CHECKING:
     from engine.envs.tool_env import QuestionSource
-    from engine.swarm.env_run_task import EnvRunTask
+    from engine.rl.env_run_task import EnvRunTask
     from engine.swarm.run_config import EnvSettings
 
 log = logging.getLogger(__name__)
@@ -210,15 +215,20 @@ def make_run_task(config: TaskConfig, checkpoint_dir: str | Path,
     Raises ``ValueError`` (``CodecError``) when the task and the model's tokenizer do not fit
     together: a chat task on a character-level base, or a digit task on a BPE model, or an
     environment over a digit task."""
-    codec = load_codec(checkpoint_dir)
+    return run_task_for_codec(config, load_codec(checkpoint_dir), where=str(checkpoint_dir), env=env)
+
+
+def run_task_for_codec(config: TaskConfig, codec: TaskCodec | ChatCodec, *, where: str = "this model",
+                       env: "EnvSettings | None" = None) -> "DigitRunTask | ChatRunTask | EnvRunTask":
+    """The run task for ``config`` spoken through ``codec`` (``where`` names the model in errors)."""
     if is_chat_task_name(config.name):
         if not isinstance(codec, ChatCodec):
-            raise CodecError(f"{config.name} is a chat task for a real model, but {checkpoint_dir} is the "
+            raise CodecError(f"{config.name} is a chat task for a real model, but {where} is the "
                              "character-level base; set model (e.g. --set model=smollm2-135m) or --checkpoint")
         if env is not None and env.name:
             from engine.envs.contract import EpisodeLimits
             from engine.envs.registry import make_environment
-            from engine.swarm.env_run_task import EnvRunTask
+            from engine.rl.env_run_task import EnvRunTask
 
             limits = EpisodeLimits(max_turns=env.max_turns, max_context_tokens=env.max_context_tokens,
                                    max_tool_s=env.max_tool_s)
@@ -230,6 +240,6 @@ def make_run_task(config: TaskConfig, checkpoint_dir: str | Path,
         raise CodecError(f"the {env.name} environment needs a chat task (e.g. --set task.name=reasoning_gym:"
                          "basic_arithmetic) on a chat model")
     if not isinstance(codec, TaskCodec):
-        raise CodecError(f"{config.name} is a digit task for the character-level base, but {checkpoint_dir} has a "
+        raise CodecError(f"{config.name} is a digit task for the character-level base, but {where} has a "
                          "BPE tokenizer; choose a chat task (e.g. --set task.name=reasoning_gym:chain_sum)")
     return DigitRunTask(make_task(config), codec)

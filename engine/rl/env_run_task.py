@@ -1,6 +1,6 @@
 """A run task whose episodes run in an environment (``engine.envs``): turns, tools, loss masks.
 
-:class:`EnvRunTask` is the coordinator's :class:`~engine.swarm.run_task.RunTask` over an
+:class:`EnvRunTask` is the coordinator's :class:`~engine.rl.run_task.RunTask` over an
 ``Environment`` and the model's chat codec. Prompt keys are an item's opening messages rendered
 through the chat template (as for ``ChatRunTask``), so ``prompt_ids(key)`` needs no other state;
 the items behind the keys handed out are held in memory, bounded. ``open_episode`` starts a
@@ -27,7 +27,7 @@ from engine.envs.token_rollout import Generation, TokenEpisode, TokenEpisodeRun
 from engine.envs.trajectory import ChatRenderer
 from engine.rl.codec import ChatCodec, CodecError
 from engine.rl.tasks.answers import stated_answer, tagged_answer
-from engine.swarm.episode_outcome import MAX_LIVE_ITEMS, EpisodeOutcome, EvalScore
+from engine.rl.episode_outcome import MAX_LIVE_ITEMS, EpisodeOutcome, EvalScore
 
 log = logging.getLogger(__name__)
 

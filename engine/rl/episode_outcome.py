@@ -4,8 +4,8 @@
 generates after, its token budget, ``step`` with the sampled ids. ``EpisodeOutcome`` is the
 finished episode as it is stored, trained on (ids after the prompt, their loss mask, behaviour
 log-probs), scored and shown. ``OneTurnEpisode`` is the one-turn case every single-turn task
-uses (``engine.swarm.run_task``); environments with turns and tools have
-``engine.swarm.env_run_task``.
+uses (``engine.rl.run_task``); environments with turns and tools have
+``engine.rl.env_run_task``.
 
 What it does not know: tasks, environments, jobs, nodes, the store.
 """
