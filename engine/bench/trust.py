@@ -169,11 +169,9 @@ def run_one(checkpoint: str, name: str, seed: int, steps: int) -> dict:
     refused, flagged_at = 0, None
     try:
         trainer = Trainer(pipeline, codec, config)
-        honest_generate = trainer.generate
 
-        def generate():
+        def ingest(groups: list) -> list:
             nonlocal refused, flagged_at
-            groups = honest_generate()
             if spec.get("forge"):
                 groups = forge(groups, codec.vocab_size, codec.eos_id)
             kept = []
@@ -189,7 +187,7 @@ def run_one(checkpoint: str, name: str, seed: int, steps: int) -> dict:
                     if flagged_at is None:
                         flagged_at = trainer.step_count + 1
             return kept
-        trainer.generate = generate  # the one hook between sampling and training: ingestion goes here
+        trainer.ingest = ingest  # the one hook between sampling and training: ingestion goes here
         start = trainer.evaluate()
         t0 = time.perf_counter()
         for _ in range(steps):

@@ -26,8 +26,8 @@ from engine.envs.contract import Environment, EpisodeItem, EpisodeLimits
 from engine.envs.token_rollout import Generation, TokenEpisode, TokenEpisodeRun
 from engine.envs.trajectory import ChatRenderer
 from engine.rl.codec import ChatCodec, CodecError
-from engine.rl.tasks.answers import stated_answer, tagged_answer
 from engine.rl.episode_outcome import MAX_LIVE_ITEMS, EpisodeOutcome, EvalScore
+from engine.rl.tasks.answers import stated_answer, tagged_answer
 
 log = logging.getLogger(__name__)
 

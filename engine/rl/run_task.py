@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, cast
 
 from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
-from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
-from engine.rl.tasks.rewards import exact_match, token_reward
 from engine.rl.episode_outcome import (
     MAX_LIVE_ITEMS,
     EpisodeOutcome,
@@ -50,6 +48,8 @@ from engine.rl.episode_outcome import (
     OneTurnEpisode,
     one_turn_outcome,
 )
+from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
+from engine.rl.tasks.rewards import exact_match, token_reward
 
 if TYPE_CHECKING:
     from engine.envs.tool_env import QuestionSource

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -125,6 +126,9 @@ class Trainer:
         if config.objective.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference pipeline")
         self.pipeline, self.codec, self.config, self.reference = pipeline, codec, config, reference
+        #: what happens to sampled groups before they are queued (the swarm's ingestion checks, in
+        #: ``polis bench trust``); None: every group is queued as sampled
+        self.ingest: Callable[[list[Group]], list[Group]] | None = None
         self.rules = config.update_rules()
         self.run_task = run_task_for_codec(config.task, codec)  # raises CodecError when they do not fit
         if isinstance(self.run_task, DigitRunTask):
@@ -170,7 +174,8 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------
     def step(self) -> StepLog:
         t0 = time.perf_counter()
-        self.queue.push(self.generate())
+        groups = self.generate()
+        self.queue.push(self.ingest(groups) if self.ingest is not None else groups)
         t1 = time.perf_counter()
         batch = self.queue.pop_ready()
         self.step_count += 1

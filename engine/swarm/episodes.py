@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 import numpy as np
 from msgspec.structs import replace
 
-from engine.swarm import messages
 from engine.rl.episode_outcome import EpisodeRun
+from engine.swarm import messages
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ import logging
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
-from engine.rl.shortcuts import divergence, shortcut_report
 from engine.rl.episode_outcome import EpisodeOutcome
+from engine.rl.shortcuts import divergence, shortcut_report
 
 log = logging.getLogger(__name__)
 

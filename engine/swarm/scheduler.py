@@ -29,10 +29,10 @@ from collections import Counter, defaultdict, deque
 
 import numpy as np
 
+from engine.rl.episode_outcome import EpisodeOutcome
 from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.rl.episode_outcome import EpisodeOutcome
 from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewards
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result

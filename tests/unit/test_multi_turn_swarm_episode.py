@@ -23,10 +23,10 @@ from backends.base import sample_from_logits
 from engine.envs.contract import Environment, EpisodeItem, EpisodeLimits, EpisodeState, Message
 from engine.envs.token_rollout import Generation, run_token_episode
 from engine.rl.codec import ChatCodec
+from engine.rl.env_run_task import EnvRunTask
 from engine.rl.rollout import SamplingConfig
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.rl.env_run_task import EnvRunTask
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.node import Node, NodeConfig
 from engine.swarm.run_book import RunBook

@@ -11,12 +11,12 @@ import asyncio
 import json
 
 from engine.paths import base_checkpoint_dir
+from engine.rl.run_task import make_run_task
 from engine.swarm import messages
 from engine.swarm.coordinator import Coordinator, CoordinatorConfig
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.rl.run_task import make_run_task
 from engine.swarm.store import Store, StoreUnavailable
 from tests.support.hostile_node import join
 

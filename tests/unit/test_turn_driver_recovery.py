@@ -14,10 +14,10 @@ import pytest
 
 from engine.envs.contract import Environment, EpisodeItem, EpisodeLimits, EpisodeState, Message
 from engine.rl.codec import ChatCodec
+from engine.rl.env_run_task import EnvRunTask
 from engine.rl.rollout import SamplingConfig
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.rl.env_run_task import EnvRunTask
 from engine.swarm.episodes import MAX_TURN_ATTEMPTS
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.run_book import RunBook
