@@ -7,13 +7,16 @@ at one MSS. On a WAN with random (not congestion) loss that bounds one
 association near ``MSS / RTT x 1.22 / sqrt(loss)`` whatever the line rate: about
 0.4 MB/s at 50 ms and 0.5 %.
 
-:class:`SctpTuning` turns one association into the aggregate of ``virtual_flows``
-Reno flows (MulTCP, Crowcroft & Oechslin 1998): ``virtual_flows`` MSS more per
-round trip, and on a loss event the window shrinks by ``1 / (2 x virtual_flows)``
-instead of one half. That is what striping over ``virtual_flows`` associations
-would achieve on the wire (the same share against other traffic as that many
-TCP flows), without the extra DTLS handshakes, ICE consent checks, SACK streams
-and signalling of more connections; CPU per byte stays that of one association.
+:class:`SctpTuning` makes the window tell random loss from congestion, the way
+TCP Veno does, by the queueing delay it sees: the latest round trips against
+the smallest seen. While that delay stays under ``congestion_delay_ms`` the
+path's queue is (nearly) empty, so a loss is taken as random: the window
+shrinks by only ``1 / (2 x virtual_flows)`` and grows by ``virtual_flows`` MSS
+per round trip, like the aggregate of that many Reno flows (MulTCP) -- what
+striping over as many associations would do, without their extra DTLS
+handshakes, ICE consent checks, SACK streams and signalling. Once a queue has
+built up, loss means congestion and the association is stock Reno again (one
+MSS per round trip, halved on loss), so it does not flood a full bottleneck.
 ``rto_min_s`` lowers the floor of the retransmission timeout (Linux TCP uses
 0.2 s), so a lost retransmission stalls the link for less.
 
@@ -39,13 +42,15 @@ log = logging.getLogger(__name__)
 class SctpTuning:
     """Congestion control of one link's SCTP association.
 
-    virtual_flows: the association grows and backs off like this many Reno flows
-        (1 = aiortc's stock behaviour). More ride out random loss better; they also
-        take that many flows' share of a congested bottleneck.
+    virtual_flows: while the path shows no queue, the association grows and backs
+        off like this many Reno flows (1 = aiortc's stock behaviour).
+    congestion_delay_ms: queueing delay (recent round trip minus the smallest seen)
+        above which loss counts as congestion and stock Reno applies.
     rto_min_s: floor of the retransmission timeout, seconds (aiortc: 1.0, RFC 4960).
     """
 
     virtual_flows: int = 8
+    congestion_delay_ms: float = 10.0
     rto_min_s: float = 0.2
 
     def __post_init__(self) -> None:
@@ -53,6 +58,8 @@ class SctpTuning:
             raise ValueError("SctpTuning.virtual_flows must be in 1..64")
         if not 0.05 <= self.rto_min_s <= 1.0:
             raise ValueError("SctpTuning.rto_min_s must be in [0.05, 1.0] seconds")
+        if not 0 <= self.congestion_delay_ms <= 10_000:
+            raise ValueError("SctpTuning.congestion_delay_ms must be in [0, 10000]")
 
     @property
     def is_stock(self) -> bool:
@@ -79,6 +86,12 @@ def _transport_class():
 
         _polis_tuning: SctpTuning = STOCK_SCTP
         _polis_before: tuple[int, Any, int] | None = None
+        _polis_min_rtt_s: float = float("inf")
+        _polis_recent_rtt_s: float = 0.0  # EWMA of the last few samples (weight 1/4)
+
+        @property
+        def _polis_queue_delay_s(self) -> float:
+            return max(0.0, self._polis_recent_rtt_s - self._polis_min_rtt_s)
 
         async def _receive_sack_chunk(self, chunk) -> None:
             self._polis_before = (self._cwnd, self._fast_recovery_exit, self._ssthresh)
@@ -94,16 +107,22 @@ def _transport_class():
             await super()._data_channel_flush()
 
         def _polis_adjust(self, cwnd: int, recovery_exit: Any, ssthresh: int) -> None:
-            flows = self._polis_tuning.virtual_flows
+            tuning = self._polis_tuning
+            flows = tuning.virtual_flows
             if flows == 1 or recovery_exit is not None:
                 return
-            if self._fast_recovery_exit is not None:  # this SACK reported a loss: back off gently
+            if self._polis_queue_delay_s * 1e3 > tuning.congestion_delay_ms:
+                return  # a queue has built up: congestion, stock Reno applies
+            if self._fast_recovery_exit is not None:  # this SACK reported a random loss: back off gently
                 self._cwnd = self._ssthresh = max(int(cwnd * (1 - 1 / (2 * flows))), 4 * USERDATA_MAX_LENGTH)
             elif self._cwnd > cwnd and cwnd > ssthresh:  # congestion avoidance grew one MSS: grow N
                 self._cwnd = cwnd + flows * USERDATA_MAX_LENGTH
 
         def _update_rto(self, R: float) -> None:
             super()._update_rto(R)
+            self._polis_min_rtt_s = min(self._polis_min_rtt_s, R)
+            recent = self._polis_recent_rtt_s
+            self._polis_recent_rtt_s = R if recent == 0.0 else 0.75 * recent + 0.25 * R
             self._rto = max(self._polis_tuning.rto_min_s, min(self._srtt + 4 * self._rttvar, SCTP_RTO_MAX))
 
     return TunedSctpTransport

@@ -11,10 +11,10 @@ fresh connections across it:
   :class:`~engine.net.link_config.LinkConfig` (its SCTP tuning included),
   sending framed messages on the bulk channel.
 
-Both send for at most ``budget_s`` seconds or ``budget_bytes`` bytes, whichever
-comes first; goodput is the bytes of *complete* messages the receiver got
-divided by the time from the first send to the stop (slow start included, the
-same for both). CPU seconds of this process are reported too: sender, receiver
+Both send 64 KiB messages without pause: first for ``warmup_s`` (slow start and
+the first loss events, not counted), then for ``window_s``; goodput is the bytes
+of *complete* messages the receiver got within the window divided by its
+length: the steady state a long-lived link sees. CPU seconds of this process are reported too: sender, receiver
 and relay all run on this one event loop, so on a busy machine the figures are
 bound by CPU as much as by the emulated line.
 
@@ -35,8 +35,8 @@ from engine.net.peer_link import PeerLink
 from engine.net.wan_emulator import ImpairmentProfile, WanLink
 
 MB = 1e6
-#: message size of both senders (one PeerLink frame, one stock data-channel message)
-CELL_MESSAGE_BYTES = 255 * 1024 - 64
+#: message size of both senders (small enough that a slow cell still counts many)
+CELL_MESSAGE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class Cell:
     def line_mb_s(self) -> float:
         return self.bandwidth_mbps / 8
 
+    def warmup_s(self) -> float:
+        """Time to leave slow start behind: about 15 round trips, at least a second."""
+        return max(1.0, 15 * self.rtt_ms / 1e3)
+
 
 async def _negotiate_through(wan: WanLink, pc_a, pc_b) -> None:
     from aiortc import RTCSessionDescription
@@ -71,42 +75,40 @@ async def _negotiate_through(wan: WanLink, pc_a, pc_b) -> None:
 
 
 class _Meter:
-    """Counts received bytes and says when the budget is met."""
+    """Counts the bytes of complete messages received."""
 
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
+    def __init__(self) -> None:
         self.bytes = 0
-        self.done = asyncio.get_running_loop().create_future()
 
     def add(self, nbytes: int) -> None:
         self.bytes += nbytes
-        if self.bytes >= self.budget_bytes and not self.done.done():
-            self.done.set_result(None)
 
 
-async def _timed(meter: _Meter, sender: asyncio.Task, budget_s: float) -> tuple[float, float]:
-    """Wait for the budget (bytes or seconds); (wall seconds, CPU seconds) from now."""
-    wall, cpu = time.perf_counter(), time.process_time()
+async def _timed(meter: _Meter, sender: asyncio.Task, warmup_s: float, window_s: float) -> dict[str, float]:
+    """Let ``sender`` run ``warmup_s``, then count ``window_s``; stop it."""
     try:
-        await asyncio.wait_for(asyncio.shield(meter.done), budget_s)
-    except asyncio.TimeoutError:
-        pass
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    sender.cancel()
-    await asyncio.gather(sender, return_exceptions=True)
-    return wall, cpu
+        await asyncio.sleep(warmup_s)
+        start_bytes, wall, cpu = meter.bytes, time.perf_counter(), time.process_time()
+        await asyncio.sleep(window_s)
+        nbytes = meter.bytes - start_bytes
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    if sender.done() and not sender.cancelled() and sender.exception() is not None:
+        raise sender.exception()
+    return {"bytes": nbytes, "seconds": wall, "cpu_s": cpu}
 
 
-def _figures(kind: str, cell: Cell, meter: _Meter, wall_s: float, cpu_s: float, wan: WanLink) -> dict[str, Any]:
-    goodput = meter.bytes / wall_s / MB
+def _figures(kind: str, cell: Cell, timed: dict[str, float], wan: WanLink) -> dict[str, Any]:
+    goodput = timed["bytes"] / timed["seconds"] / MB
     return {"kind": kind, "rtt_ms": cell.rtt_ms, "loss_percent": cell.loss_percent,
             "bandwidth_mbps": cell.bandwidth_mbps, "goodput_mb_s": goodput,
-            "link_share": goodput / cell.line_mb_s, "bytes": meter.bytes, "seconds": wall_s,
-            "cpu_s_per_mb": cpu_s / max(meter.bytes / MB, 1e-9), "relay": wan.stats()["a_to_b"]}
+            "link_share": goodput / cell.line_mb_s, "bytes": timed["bytes"], "seconds": timed["seconds"],
+            "cpu_s_per_mb": timed["cpu_s"] / max(timed["bytes"] / MB, 1e-3), "relay": wan.stats()["a_to_b"]}
 
 
-async def stock_cell(cell: Cell, *, budget_bytes: int, budget_s: float, seed: int = 0,
-                     open_timeout_s: float = 30.0) -> dict[str, Any]:
+async def stock_cell(cell: Cell, *, window_s: float, seed: int = 0, open_timeout_s: float = 30.0) -> dict[str, Any]:
     """Goodput of one stock aiortc data channel across ``cell``."""
     from aiortc import RTCPeerConnection
 
@@ -120,7 +122,7 @@ async def stock_cell(cell: Cell, *, budget_bytes: int, budget_s: float, seed: in
         opened = [loop.create_future(), loop.create_future()]
         ch_a.on("open", lambda: opened[0].done() or opened[0].set_result(None))
         ch_b.on("open", lambda: opened[1].done() or opened[1].set_result(None))
-        meter = _Meter(budget_bytes)
+        meter = _Meter()
         ch_b.on("message", lambda data: meter.add(len(data)))
         ch_a.bufferedAmountLowThreshold = config.low_water_bytes
         drained: list[asyncio.Future] = []
@@ -137,15 +139,13 @@ async def stock_cell(cell: Cell, *, budget_bytes: int, budget_s: float, seed: in
                 ch_a.send(block)
 
         sender = loop.create_task(send_forever(), name="wan-goodput-stock-sender")
-        wall_s, cpu_s = await _timed(meter, sender, budget_s)
-        return _figures("stock", cell, meter, wall_s, cpu_s, wan)
+        return _figures("stock", cell, await _timed(meter, sender, cell.warmup_s(), window_s), wan)
     finally:
         await asyncio.gather(pc_a.close(), pc_b.close(), return_exceptions=True)
         await wan.close()
 
 
-async def polis_cell(cell: Cell, *, budget_bytes: int, budget_s: float, config: LinkConfig | None = None,
-                     seed: int = 0) -> dict[str, Any]:
+async def polis_cell(cell: Cell, *, window_s: float, config: LinkConfig | None = None, seed: int = 0) -> dict[str, Any]:
     """Goodput of framed messages between two PeerLinks (``config``) across ``cell``."""
     loop = asyncio.get_running_loop()
     config = config or LinkConfig()
@@ -154,7 +154,7 @@ async def polis_cell(cell: Cell, *, budget_bytes: int, budget_s: float, config: 
     try:
         await _negotiate_through(wan, a.pc, b.pc)
         await asyncio.gather(a.wait_open(), b.wait_open())
-        meter = _Meter(budget_bytes)
+        meter = _Meter()
 
         async def receive_forever() -> None:
             async for _header, payload in b:
@@ -168,11 +168,11 @@ async def polis_cell(cell: Cell, *, budget_bytes: int, budget_s: float, config: 
         receiver = loop.create_task(receive_forever(), name="wan-goodput-polis-receiver")
         sender = loop.create_task(send_forever(), name="wan-goodput-polis-sender")
         try:
-            wall_s, cpu_s = await _timed(meter, sender, budget_s)
+            timed = await _timed(meter, sender, cell.warmup_s(), window_s)
         finally:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
-        return {**_figures("polis", cell, meter, wall_s, cpu_s, wan), "sctp": config.sctp.as_dict()}
+        return {**_figures("polis", cell, timed, wan), "sctp": config.sctp.as_dict()}
     finally:
         await asyncio.gather(a.close(), b.close(), return_exceptions=True)
         await wan.close()
