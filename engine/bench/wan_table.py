@@ -48,7 +48,7 @@ def format_wan_table(result: dict[str, Any]) -> str:
     line = result["bandwidth_mbps"]
     lines = [f"framed goodput across the emulated WAN ({line:g} Mbit/s each way = {line / 8:.2f} MB/s; "
              f"counted over >= {result['cell_s']:g} s and 20 RTTs per cell after ~15 RTTs warm-up; Polis SCTP "
-             f"{result['sctp']['virtual_flows']} virtual flows, RTO floor {result['sctp']['rto_min_s']:g} s)",
+             f"{result['sctp']['virtual_flows']} virtual flows, RTO margin {result['sctp']['rto_margin_s']} s)",
              f"{'RTT ms':>6} {'loss %':>6} | {'stock MB/s':>10} {'of line':>7} | {'Polis MB/s':>10} {'of line':>7}"
              f" | {'Polis/stock':>11} | {'CPU s/MB stock':>14} {'Polis':>5}"]
     for c in result["cells"]:

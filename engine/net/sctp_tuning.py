@@ -17,8 +17,11 @@ striping over as many associations would do, without their extra DTLS
 handshakes, ICE consent checks, SACK streams and signalling. Once a queue has
 built up, loss means congestion and the association is stock Reno again (one
 MSS per round trip, halved on loss), so it does not flood a full bottleneck.
-``rto_min_s`` lowers the floor of the retransmission timeout (Linux TCP uses
-0.2 s), so a lost retransmission stalls the link for less.
+The retransmission timeout becomes Linux TCP's: smoothed RTT plus
+``max(4 x RTT variation, rto_margin_s)``, instead of aiortc's one-second floor,
+so a lost retransmission stalls the link for a round trip and a bit, not a
+second, yet a queue building up on a long path does not fire spurious timeouts
+(each one restarts the window at one MSS).
 
 :func:`tune_sctp` installs it on a connection's SCTP transport by switching the
 transport's class to :class:`TunedSctpTransport`, a subclass that wraps two
@@ -46,31 +49,32 @@ class SctpTuning:
         off like this many Reno flows (1 = aiortc's stock behaviour).
     congestion_delay_ms: queueing delay (recent round trip minus the smallest seen)
         above which loss counts as congestion and stock Reno applies.
-    rto_min_s: floor of the retransmission timeout, seconds (aiortc: 1.0, RFC 4960).
+    rto_margin_s: least margin of the retransmission timeout over the smoothed
+        round trip, seconds; None keeps aiortc's own (at least 1 s, RFC 4960).
     """
 
     virtual_flows: int = 8
     congestion_delay_ms: float = 10.0
-    rto_min_s: float = 0.2
+    rto_margin_s: float | None = 0.2
 
     def __post_init__(self) -> None:
         if not 1 <= self.virtual_flows <= 64:
             raise ValueError("SctpTuning.virtual_flows must be in 1..64")
-        if not 0.05 <= self.rto_min_s <= 1.0:
-            raise ValueError("SctpTuning.rto_min_s must be in [0.05, 1.0] seconds")
+        if self.rto_margin_s is not None and not 0.01 <= self.rto_margin_s <= 1.0:
+            raise ValueError("SctpTuning.rto_margin_s must be in [0.01, 1.0] seconds (or None)")
         if not 0 <= self.congestion_delay_ms <= 10_000:
             raise ValueError("SctpTuning.congestion_delay_ms must be in [0, 10000]")
 
     @property
     def is_stock(self) -> bool:
-        return self.virtual_flows == 1 and self.rto_min_s == 1.0
+        return self.virtual_flows == 1 and self.rto_margin_s is None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 #: what aiortc does on its own
-STOCK_SCTP = SctpTuning(virtual_flows=1, rto_min_s=1.0)
+STOCK_SCTP = SctpTuning(virtual_flows=1, rto_margin_s=None)
 
 
 def _transport_class():
@@ -123,7 +127,9 @@ def _transport_class():
             self._polis_min_rtt_s = min(self._polis_min_rtt_s, R)
             recent = self._polis_recent_rtt_s
             self._polis_recent_rtt_s = R if recent == 0.0 else 0.75 * recent + 0.25 * R
-            self._rto = max(self._polis_tuning.rto_min_s, min(self._srtt + 4 * self._rttvar, SCTP_RTO_MAX))
+            margin = self._polis_tuning.rto_margin_s
+            if margin is not None:
+                self._rto = min(self._srtt + max(4 * self._rttvar, margin), SCTP_RTO_MAX)
 
     return TunedSctpTransport
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.net.link_config import LinkConfig
-from engine.net.peer_link import PeerLink
 from engine.net.wan_emulator import ImpairmentProfile, WanLink
+from engine.net.wan_measure import connect_through, negotiate_through
 
 MB = 1e6
 #: message size of both senders (small enough that a slow cell still counts many)
@@ -61,17 +61,6 @@ class Cell:
     def warmup_s(self) -> float:
         """Time to leave slow start behind: about 15 round trips, at least a second."""
         return max(1.0, 15 * self.rtt_ms / 1e3)
-
-
-async def _negotiate_through(wan: WanLink, pc_a, pc_b) -> None:
-    from aiortc import RTCSessionDescription
-
-    await pc_a.setLocalDescription(await pc_a.createOffer())
-    offer = wan.rewrite(pc_a.localDescription.sdp, "a")
-    await pc_b.setRemoteDescription(RTCSessionDescription(offer, "offer"))
-    await pc_b.setLocalDescription(await pc_b.createAnswer())
-    answer = wan.rewrite(pc_b.localDescription.sdp, "b")
-    await pc_a.setRemoteDescription(RTCSessionDescription(answer, "answer"))
 
 
 class _Meter:
@@ -127,7 +116,7 @@ async def stock_cell(cell: Cell, *, window_s: float, seed: int = 0, open_timeout
         ch_a.bufferedAmountLowThreshold = config.low_water_bytes
         drained: list[asyncio.Future] = []
         ch_a.on("bufferedamountlow", lambda: [f.done() or f.set_result(None) for f in drained])
-        await _negotiate_through(wan, pc_a, pc_b)
+        await negotiate_through(pc_a, pc_b, wan.sdp_filter("a"), wan.sdp_filter("b"))
         await asyncio.wait_for(asyncio.gather(*opened), open_timeout_s)
 
         async def send_forever() -> None:
@@ -150,10 +139,12 @@ async def polis_cell(cell: Cell, *, window_s: float, config: LinkConfig | None =
     loop = asyncio.get_running_loop()
     config = config or LinkConfig()
     wan = WanLink(cell.profile(), seed=seed)
-    a, b = PeerLink.create("wan-goodput-b", config), PeerLink.create("wan-goodput-a", config)
     try:
-        await _negotiate_through(wan, a.pc, b.pc)
-        await asyncio.gather(a.wait_open(), b.wait_open())
+        a, b = await connect_through(wan.sdp_filter("a"), wan.sdp_filter("b"), config=config)
+    except BaseException:
+        await wan.close()
+        raise
+    try:
         meter = _Meter()
 
         async def receive_forever() -> None:
