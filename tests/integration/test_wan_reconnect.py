@@ -61,3 +61,49 @@ def test_a_transfer_survives_a_ten_second_dead_line_mid_message_without_losing_a
     assert [h.get("i") for h, _ in got] == [0, 1, 2, None] and got[-1][0]["type"] == "done"
     assert [hashlib.sha256(p).digest() for _, p in got[:3]] == [hashlib.sha256(p).digest() for p in payloads]
     assert received_at_pause < 3 * 1024 * 1024 and seconds >= 10
+
+
+def test_after_an_address_change_a_fresh_connection_through_signalling_replaces_the_dead_link():
+    """aiortc has no ICE restart: the path is a new RTCPeerConnection negotiated through signalling
+    (PeerManager.connect, which replaces the old link), gathering candidates at the new address."""
+    from engine.net.identity import Identity
+    from engine.net.peer_manager import PeerManager
+    from engine.net.signalling import SignallingClient, start_signalling_server
+
+    profile = ImpairmentProfile(delay_ms=10, bandwidth_mbps=20)
+
+    async def scenario():
+        srv = await start_signalling_server()
+        a, b = SignallingClient(srv.url, Identity.generate()), SignallingClient(srv.url, Identity.generate())
+        old_path, new_path = WanLink(profile, seed=1), WanLink(profile, seed=2)
+        manager_a = PeerManager(a, sdp_filter=old_path.sdp_filter("a"))
+        manager_b = PeerManager(b, sdp_filter=old_path.sdp_filter("b"))
+        try:
+            await a.connect()
+            await b.connect()
+            old = await manager_a.connect(b.peer_id, timeout_s=20)
+            old_b = await manager_b.accept(20)
+            await old.send({"type": "hello"}, b"over the old path")
+            first = await asyncio.wait_for(old_b.recv(), 20)
+
+            await old_path.close()  # the address changed: the old path is gone, the link does not know yet
+            manager_a.sdp_filter, manager_b.sdp_filter = new_path.sdp_filter("a"), new_path.sdp_filter("b")
+            new = await manager_a.connect(b.peer_id, timeout_s=20)
+            new_b = await manager_b.accept(20)
+            await new.send({"type": "hello"}, b"over the new path")
+            second = await asyncio.wait_for(new_b.recv(), 20)
+            await asyncio.wait_for(old_b.wait_closed(), 20)
+            return (first[1], second[1], old.closed, old_b.closed_reason, manager_a.link(b.peer_id) is new,
+                    new_path.stats()["a_to_b"]["forwarded"])
+        finally:
+            await manager_a.close()
+            await manager_b.close()
+            for client in (a, b):
+                await client.close()
+            await asyncio.gather(old_path.close(), new_path.close())
+            await srv.close()
+
+    first, second, old_closed, old_b_reason, current, forwarded = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert (first, second) == (b"over the old path", b"over the new path")
+    assert old_closed and old_b_reason is not None and current
+    assert forwarded > 0  # the new link really crosses the new path
