@@ -61,8 +61,9 @@ def test_a_transfer_survives_a_ten_second_dead_line_mid_message_without_losing_a
     got, (received_at_pause, a_open, b_open), stalled, seconds, stats, still_open = asyncio.run(scenario())
     assert stalled and a_open and b_open and still_open  # the line was dead; neither side gave the link up
     assert stats["a_to_b"]["dropped_paused"] > 0
-    assert [h.get("i") for h, _ in got] == [0, 1, 2, None] and got[-1][0]["type"] == "done"
-    assert [hashlib.sha256(p).digest() for _, p in got[:3]] == [hashlib.sha256(p).digest() for p in payloads]
+    blobs = [(h["i"], p) for h, p in got if h["type"] == "blob"]  # control may overtake bulk: other stream
+    assert [i for i, _ in blobs] == [0, 1, 2] and [h["type"] for h, _ in got].count("done") == 1
+    assert [hashlib.sha256(p).digest() for _, p in blobs] == [hashlib.sha256(p).digest() for p in payloads]
     assert received_at_pause < 3 * 1024 * 1024 and seconds >= 10
 
 
