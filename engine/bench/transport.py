@@ -10,7 +10,10 @@ tensor sent across the user-space WAN emulator at 50 ms delay, 20 Mbit/s, 1 %
 loss; and ``message_validation_ms``: decode + validate time of the largest wire
 messages with the typed structs against the old hand-written path
 (:mod:`engine.bench.message_validation`; ``--only validation`` runs just that, in
-seconds, without opening a link). The last stdout line is the JSON object with ``--json``.
+seconds, without opening a link); and the WAN goodput table (:mod:`engine.bench.wan_table`):
+loss (0-2 %) x RTT (20-200 ms), one stock aiortc channel against Polis links
+(``--only wan-table`` runs just that, about three minutes). The last stdout line
+is the JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -28,14 +31,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mb", type=float, default=16.0, help="megabytes per throughput measurement")
     parser.add_argument("--wan-mb", type=float, default=2.0, help="megabytes sent across the emulated WAN")
     parser.add_argument("--quick", action="store_true", help="smaller transfers (about a third of the time)")
-    parser.add_argument("--only", choices=("all", "validation"), default="all",
-                        help="'validation': only the message decode + validate timings (no links, a few seconds)")
+    parser.add_argument("--only", choices=("all", "validation", "wan-table"), default="all",
+                        help="'validation': only the message decode + validate timings (no links, a few seconds); "
+                             "'wan-table': only the loss x RTT goodput table (about three minutes)")
+    parser.add_argument("--cell-s", type=float, default=3.0,
+                        help="seconds counted per WAN table cell and kind (at least 20 round trips)")
+    parser.add_argument("--line-mbps", type=float, default=20.0, help="emulated line rate of the WAN table, Mbit/s")
 
 
 def _validation(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench.message_validation import message_validation
 
     return message_validation(budget_s=0.5 if args.quick else 1.5)
+
+
+async def _wan_table(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.bench.wan_table import wan_table
+
+    return await wan_table(bandwidth_mbps=args.line_mbps, cell_s=args.cell_s / (2 if args.quick else 1))
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,14 +67,17 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     wan_int8 = await wan_transfer(wan_bytes, encoding="int8_rowwise")
     return {**summary, "codecs": codecs,
             "wan": {**wan, "profile": "50 ms one way, 20 Mbit/s, 1% loss", "int8": wan_int8},
-            "message_validation_ms": _validation(args),
+            "message_validation_ms": _validation(args), "wan_table": await _wan_table(args),
             "seconds": round(time.monotonic() - started, 1)}
 
 
 def _table(result: dict[str, Any]) -> str:
     from engine.bench.message_validation import format_table
+    from engine.bench.wan_table import format_wan_table
     from engine.net.codec_report import format_codec_table
 
+    if "message_validation_ms" not in result:
+        return format_wan_table(result["wan_table"])
     validation = format_table(result["message_validation_ms"])
     if "wan" not in result:
         return f"{validation}\n({result['seconds']} s)"
@@ -78,7 +94,7 @@ def _table(result: dict[str, Any]) -> str:
         "", format_codec_table(result["codecs"]), "",
         f"emulated WAN ({wan['profile']}): {'intact' if wan['intact'] else 'CORRUPTED'}, "
         f"{wan['goodput_mb_s']:.2f} MB/s fp32; int8 {wan['int8'].get('fp32_equivalent_mb_s', 0):.2f} MB/s "
-        "fp32-equivalent", "", validation,
+        "fp32-equivalent", "", validation, "", format_wan_table(result["wan_table"]),
         f"({result['seconds']} s)"])
 
 
@@ -87,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         figures = _validation(args)
         result: dict[str, Any] = {"message_validation_ms": figures, "seconds": round(time.monotonic() - started, 1)}
+        _print(result, args.json)
+        return 0
+    if args.only == "wan-table":
+        result = {"wan_table": asyncio.run(_wan_table(args))}
         _print(result, args.json)
         return 0
     result = asyncio.run(_measure(args))

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.net.framing import FrameLimits
+from engine.net.sctp_tuning import SctpTuning
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class LinkConfig:
         of the ~200 KiB default but did not raise two-process goodput, and cut
         one-process throughput by ~1/3 (more SCTP data in flight costs aiortc more
         CPU per SACK) while deepening the queue that delays ICE consent checks.
+    sctp: congestion control of the link's SCTP association (see SctpTuning);
+        ``engine.net.sctp_tuning.STOCK_SCTP`` keeps aiortc's own Reno.
     """
 
     ice_servers: tuple[IceServer, ...] = ()
@@ -75,6 +78,7 @@ class LinkConfig:
     open_timeout_s: float = 20.0
     drain_timeout_s: float = 30.0
     socket_buffer_bytes: int = 0
+    sctp: SctpTuning = field(default_factory=SctpTuning)
 
     def __post_init__(self) -> None:
         if self.frame_bytes < 1024:

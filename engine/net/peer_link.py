@@ -35,6 +35,7 @@ from engine.net.link_config import (
     remote_max_message_bytes,
     rtc_configuration,
 )
+from engine.net.sctp_tuning import tune_sctp
 from engine.net.wire import WireMessage
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class PeerLink:
             channel.on("bufferedamountlow", self._make_drain_handler(name))
             channel.on("close", self._on_channel_close)
             self._channels[name] = channel
+        tune_sctp(pc, config.sctp)  # the channels created the SCTP transport; the association has not started
         pc.on("connectionstatechange", self._on_connection_state)
 
     @classmethod

@@ -13,7 +13,9 @@ random loss (``loss_percent``), a token-bucket rate limit (``bandwidth_mbps``,
 ``burst_bytes``) with a bounded queue and tail drop (``queue_limit_bytes``), then
 one-way delay plus uniform jitter (``delay_ms``, ``jitter_ms``); packets keep
 their order unless ``allow_reorder``. The RNG is seeded, so a run is repeatable
-given the same arrivals.
+given the same arrivals. ``pause()`` cuts the link (both directions: packets in
+flight and every packet until ``resume()`` are dropped, counted as
+``dropped_paused``), as a dead uplink or a Wi-Fi hand-over would.
 
 :func:`rewrite_sdp_candidates` points an SDP's candidates at stand-ins and drops
 every candidate it cannot map; :class:`WanLink` does the bookkeeping for one
@@ -86,10 +88,11 @@ class DirectionCounters:
     dropped_loss: int = 0
     dropped_queue: int = 0
     bytes_forwarded: int = 0
+    dropped_paused: int = 0
 
     @property
     def dropped(self) -> int:
-        return self.dropped_loss + self.dropped_queue
+        return self.dropped_loss + self.dropped_queue + self.dropped_paused
 
 
 class PacketShaper:
@@ -169,11 +172,49 @@ class DeliveryQueue:
             # late packets go out a few per loop iteration, as a real line would pace them
             self._arm(max(self._heap[0][0], now))
 
-    def clear(self) -> None:
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def clear(self) -> int:
+        """Forget every waiting packet; returns how many there were."""
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_when = None, float("inf")
+        waiting = len(self._heap)
         self._heap.clear()
+        return waiting
+
+
+class LinkSwitch:
+    """The on/off state of an emulated link: while off, every packet is dropped.
+
+    Shared by both relays; ``pause`` also drops what the delivery queues hold
+    (packets on the wire when the line went dead).
+    """
+
+    def __init__(self, queues: Mapping[str, DeliveryQueue], counters: Mapping[str, DirectionCounters]) -> None:
+        self._queues, self._counters = queues, counters
+        self.paused = False
+        self.pauses = 0
+
+    def pause(self) -> None:
+        if self.paused:
+            return
+        self.paused, self.pauses = True, self.pauses + 1
+        for side, queue in self._queues.items():
+            self._counters[side].dropped_paused += queue.clear()
+        log.info("emulated link paused")
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            log.info("emulated link resumed")
+
+    def drops(self, side: str) -> bool:
+        """True (and counted) if a packet from ``side`` must be dropped now."""
+        if self.paused:
+            self._counters[side].dropped_paused += 1
+        return self.paused
 
 
 class _StandIn(asyncio.DatagramProtocol):
@@ -215,8 +256,20 @@ class UdpImpairmentRelay:
         }
         self._by_real: dict[Address, _StandIn] = {}
         self._queues = {"a": DeliveryQueue(self._send), "b": DeliveryQueue(self._send)}
+        self._switch = LinkSwitch(self._queues, {side: shaper.counters for side, shaper in self._shapers.items()})
         self._starting: set[asyncio.Task] = set()
         self._closed = False
+
+    @property
+    def paused(self) -> bool:
+        return self._switch.paused
+
+    def pause(self) -> None:
+        """Cut the link both ways (packets in flight are lost) until :meth:`resume`."""
+        self._switch.pause()
+
+    def resume(self) -> None:
+        self._switch.resume()
 
     def stand_in(self, real: Address) -> Address | None:
         """The relay address that stands for ``real`` (None if not registered)."""
@@ -255,6 +308,8 @@ class UdpImpairmentRelay:
         src = self._by_real.get(src_addr)
         if self._closed or src is None or src.side == dst.side or src.transport is None:
             self.dropped_unknown += 1
+            return
+        if self._switch.drops(src.side):
             return
         now = asyncio.get_running_loop().time()
         when = self._shapers[src.side].admit(len(data), now)
@@ -371,6 +426,17 @@ class WanLink:
 
     def stats(self) -> dict[str, dict[str, int]]:
         return self.relay.stats()
+
+    @property
+    def paused(self) -> bool:
+        return self.relay.paused
+
+    def pause(self) -> None:
+        """Cut the emulated link both ways until :meth:`resume` (see :meth:`UdpImpairmentRelay.pause`)."""
+        self.relay.pause()
+
+    def resume(self) -> None:
+        self.relay.resume()
 
     async def close(self) -> None:
         await self.relay.close()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.net.peer_link import PeerLink
+from engine.net.peer_link import LinkConfig, PeerLink
 from engine.net.tensor_codec import decode_tensor, encode_tensor
 from engine.net.wan_emulator import ImpairmentProfile, WanLink, sdp_host_candidates
 from engine.net.wan_relay_pair import UdpRelayPair, static_sdp_filter
@@ -29,25 +29,34 @@ from engine.net.wan_relay_pair import UdpRelayPair, static_sdp_filter
 REFERENCE_WAN = ImpairmentProfile(delay_ms=50.0, bandwidth_mbps=20.0, loss_percent=1.0)
 
 
-async def connect_through(filter_a: Callable[[str], str], filter_b: Callable[[str], str], *,
-                          relay_host: str = "127.0.0.1",
-                          open_timeout_s: float = 30.0) -> tuple[PeerLink, PeerLink]:
-    """Two open links, "a" (offerer) and "b", whose SDPs pass through the given filters.
+async def negotiate_through(pc_a, pc_b, filter_a: Callable[[str], str], filter_b: Callable[[str], str], *,
+                            relay_host: str = "127.0.0.1") -> None:
+    """Offer from ``pc_a``, answer from ``pc_b``, each SDP passed through its side's filter.
 
     Refuses (RuntimeError) if a candidate in either SDP is not on ``relay_host``.
     """
     from aiortc import RTCSessionDescription
 
-    a, b = PeerLink.create("wan-peer-b"), PeerLink.create("wan-peer-a")
+    await pc_a.setLocalDescription(await pc_a.createOffer())
+    offer = filter_a(pc_a.localDescription.sdp)
+    await pc_b.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+    await pc_b.setLocalDescription(await pc_b.createAnswer())
+    answer = filter_b(pc_b.localDescription.sdp)
+    await pc_a.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    if not all(ip == relay_host for ip, _ in sdp_host_candidates(offer) + sdp_host_candidates(answer)):
+        raise RuntimeError("a candidate bypasses the relay")
+
+
+async def connect_through(filter_a: Callable[[str], str], filter_b: Callable[[str], str], *,
+                          relay_host: str = "127.0.0.1", open_timeout_s: float = 30.0,
+                          config: LinkConfig | None = None) -> tuple[PeerLink, PeerLink]:
+    """Two open links, "a" (offerer) and "b", whose SDPs pass through the given filters.
+
+    Refuses (RuntimeError) if a candidate in either SDP is not on ``relay_host``.
+    """
+    a, b = PeerLink.create("wan-peer-b", config), PeerLink.create("wan-peer-a", config)
     try:
-        await a.pc.setLocalDescription(await a.pc.createOffer())
-        offer = filter_a(a.pc.localDescription.sdp)
-        await b.pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
-        await b.pc.setLocalDescription(await b.pc.createAnswer())
-        answer = filter_b(b.pc.localDescription.sdp)
-        await a.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-        if not all(ip == relay_host for ip, _ in sdp_host_candidates(offer) + sdp_host_candidates(answer)):
-            raise RuntimeError("a candidate bypasses the relay")
+        await negotiate_through(a.pc, b.pc, filter_a, filter_b, relay_host=relay_host)
         await asyncio.gather(a.wait_open(open_timeout_s), b.wait_open(open_timeout_s))
     except BaseException:
         await asyncio.gather(a.close(), b.close(), return_exceptions=True)

@@ -31,6 +31,7 @@ from engine.net.wan_emulator import (
     DeliveryQueue,
     DirectionCounters,
     ImpairmentProfile,
+    LinkSwitch,
     PacketShaper,
     rewrite_sdp_candidates,
     sdp_host_candidates,
@@ -83,6 +84,7 @@ class UdpRelayPair:
         }
         self._sides = {"a": _Side(self, "a"), "b": _Side(self, "b")}
         self._queues = {"a": DeliveryQueue(self._send), "b": DeliveryQueue(self._send)}
+        self._switch = LinkSwitch(self._queues, {side: shaper.counters for side, shaper in self._shapers.items()})
         self.waiting_for_peer = 0  # datagrams dropped because the other side was not yet known
         self.a_sends_to: Address = ("", 0)
         self.b_sends_to: Address = ("", 0)
@@ -98,6 +100,17 @@ class UdpRelayPair:
             setattr(self, f"{name}_sends_to", sock.getsockname()[:2])
         return self
 
+    @property
+    def paused(self) -> bool:
+        return self._switch.paused
+
+    def pause(self) -> None:
+        """Cut the link both ways (packets in flight are lost) until :meth:`resume`."""
+        self._switch.pause()
+
+    def resume(self) -> None:
+        self._switch.resume()
+
     def advertised_by(self, side: str) -> Address:
         """The address ``side``'s outgoing SDP must carry (where the other peer will send)."""
         if side not in ("a", "b"):
@@ -111,6 +124,8 @@ class UdpRelayPair:
         other = self._sides["b" if side.name == "a" else "a"]
         if other.learned is None:
             self.waiting_for_peer += 1
+            return
+        if self._switch.drops(side.name):
             return
         when = self._shapers[side.name].admit(len(data), asyncio.get_running_loop().time())
         if when is not None:

@@ -242,3 +242,63 @@ def test_static_sdp_filter_keeps_one_candidate_pointed_at_the_relay():
     out = static_sdp_filter(("127.0.0.1", 7777))(_SDP)
     assert sdp_host_candidates(out) == [("127.0.0.1", 7777)]
     assert out.count("a=candidate") == 1
+
+
+@pytest.mark.network
+def test_a_paused_relay_drops_both_ways_including_packets_in_flight_and_carries_again_once_resumed():
+    async def scenario():
+        a_tr, a_sink, a_addr = await _endpoint()
+        b_tr, b_sink, b_addr = await _endpoint()
+        async with UdpImpairmentRelay(ImpairmentProfile(delay_ms=200)) as relay:
+            await relay.add_endpoint(a_addr, "a")
+            to_b = await relay.add_endpoint(b_addr, "b")
+            to_a = relay.stand_in(a_addr)
+            a_tr.sendto(b"in flight", to_b)
+            await _wait_for(lambda: relay.counters["a_to_b"].received == 1, 5)
+            relay.pause()  # the packet is still on its 200 ms way: it is lost with the line
+            a_tr.sendto(b"while paused", to_b)
+            b_tr.sendto(b"while paused too", to_a)
+            await _wait_for(lambda: relay.counters["b_to_a"].received + relay.counters["a_to_b"].dropped_paused >= 3, 5)
+            await asyncio.sleep(0.3)
+            during = (len(a_sink.packets), len(b_sink.packets), relay.paused)
+            relay.resume()
+            a_tr.sendto(b"after", to_b)
+            await _wait_for(lambda: b_sink.packets, 5)
+            stats = relay.stats()
+        a_tr.close()
+        b_tr.close()
+        return during, b_sink.packets, stats
+
+    during, at_b, stats = asyncio.run(scenario())
+    assert during == (0, 0, True)
+    assert [data for _, data, _ in at_b] == [b"after"]
+    assert stats["a_to_b"]["dropped_paused"] == 2 and stats["b_to_a"]["dropped_paused"] == 1
+    assert stats["a_to_b"]["dropped"] == 2 and stats["a_to_b"]["forwarded"] == 1
+
+
+@pytest.mark.network
+def test_a_paused_relay_pair_drops_everything_until_resumed():
+    from engine.net.wan_relay_pair import UdpRelayPair
+
+    async def scenario():
+        a_tr, a_sink, _ = await _endpoint()
+        b_tr, b_sink, _ = await _endpoint()
+        async with UdpRelayPair(ImpairmentProfile()) as pair:
+            b_tr.sendto(b"hello a", pair.b_sends_to)
+            await _wait_for(lambda: pair.waiting_for_peer, 5)
+            a_tr.sendto(b"hello b", pair.a_sends_to)
+            await _wait_for(lambda: b_sink.packets, 5)
+            pair.pause()
+            b_tr.sendto(b"lost", pair.b_sends_to)
+            await _wait_for(lambda: pair.counters["b_to_a"].dropped_paused, 5)
+            pair.resume()
+            b_tr.sendto(b"found", pair.b_sends_to)
+            await _wait_for(lambda: a_sink.packets, 5)
+            stats = pair.stats()
+        a_tr.close()
+        b_tr.close()
+        return a_sink.packets, stats
+
+    at_a, stats = asyncio.run(scenario())
+    assert [data for _, data, _ in at_a] == [b"found"]
+    assert stats["b_to_a"]["dropped_paused"] == 1 and stats["b_to_a"]["forwarded"] == 1

@@ -1,0 +1,32 @@
+"""Polis links keep their goodput under random loss where one stock aiortc channel collapses."""
+
+import asyncio
+
+import pytest
+
+from engine.bench.wan_table import format_wan_table, wan_table
+from engine.net.wan_goodput import Cell, polis_cell, stock_cell
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+def test_tuned_links_beat_one_stock_aiortc_channel_several_fold_at_80_ms_and_half_a_percent_loss():
+    cell = Cell(rtt_ms=80, loss_percent=0.5, bandwidth_mbps=20)
+
+    async def both():
+        return await stock_cell(cell, window_s=3.0), await polis_cell(cell, window_s=3.0)
+
+    stock, polis = asyncio.run(both())
+    assert polis["relay"]["dropped_loss"] > 0 and stock["relay"]["dropped_loss"] > 0  # loss happened to both
+    assert polis["goodput_mb_s"] > 2.5 * stock["goodput_mb_s"], (stock, polis)
+    assert polis["goodput_mb_s"] <= cell.line_mb_s * 1.05  # never faster than the line
+
+
+def test_the_wan_table_measures_every_cell_of_its_grid_for_both_kinds():
+    result = asyncio.run(wan_table(rtts_ms=(20.0,), losses_percent=(0.0, 1.0), cell_s=1.0))
+    assert [(c["rtt_ms"], c["loss_percent"]) for c in result["cells"]] == [(20.0, 0.0), (20.0, 1.0)]
+    for c in result["cells"]:
+        assert c["stock"]["goodput_mb_s"] > 0 and c["polis"]["goodput_mb_s"] > 0
+        assert c["ratio"] == pytest.approx(c["polis"]["goodput_mb_s"] / c["stock"]["goodput_mb_s"])
+    table = format_wan_table(result)
+    assert "Polis/stock" in table and len(table.splitlines()) == 2 + 2 + 1
