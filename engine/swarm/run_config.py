@@ -33,8 +33,8 @@ from engine.rl.rollout import SamplingConfig
 from engine.rl.tasks import TaskConfig
 
 #: activation encodings a run may choose (engine.swarm.pipeline_hops.ACTIVATION_SCHEMES names)
-ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "subspace_r8", "subspace_r16", "subspace_r32",
-                             "subspace_r64"]
+ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outliers", "subspace_r8", "subspace_r16",
+                             "subspace_r32", "subspace_r64"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]

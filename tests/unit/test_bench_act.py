@@ -3,8 +3,8 @@ import pytest
 
 from engine.bench.act import _micro_batches, format_table, tiny_learning
 from engine.bench.act_boundary import totals, wrap_stages
-from engine.model.loader import load_stage
 from engine.model.checkpoint import Checkpoint
+from engine.model.loader import load_stage
 from engine.model.shard_plan import plan_stages
 from engine.paths import base_checkpoint_dir
 from engine.rl.pipeline import LocalPipeline
