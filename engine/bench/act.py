@@ -9,7 +9,9 @@ every boundary tensor encoded and decoded exactly as between two nodes
   ``--items`` held-out items of ``--task`` (default the real-model demo's chain_sum):
   ``strict`` greedy accuracy (the same decoding as ``polis eval``) and the bytes and
   relative error of the activations that crossed while decoding (prefill and every
-  decoding step); then a training pass over the same prompts with the fp32 run's greedy
+  decoding step); on the fp32 run's completions, teacher-forced, the share of positions
+  whose next-token argmax matches fp32's and the mean KL from fp32 (finer than strict
+  accuracy on few items); then a training pass over the same prompts with the fp32 run's greedy
   completions (micro-batches of ``--micro-batch-rows`` right-padded rows, LoRA rank 16 as
   in the demo, an RL-like loss: +-1 advantages on the completion tokens), with the bytes
   and relative error of the training activations and of their gradients, and the cosine
@@ -113,6 +115,30 @@ def _grad_pass(stages, sequences, prompt_lens, rows: int, pad_id: int) -> dict[s
     return grads
 
 
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _teacher_forced(stages, sequences, prompt_lens, rows: int, pad_id: int) -> np.ndarray:
+    """Next-token log-probs ``[positions, vocab]`` at every completion position of the fixed sequences."""
+    out = []
+    for inputs, _, grad in _micro_batches(sequences, prompt_lens, rows, pad_id):
+        x = inputs
+        for stage in stages:
+            x = stage.forward(x)
+        out.append(_log_softmax(x[grad != 0].astype(np.float64)).astype(np.float32))
+    return np.concatenate(out)
+
+
+def _agreement(logp: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(share of positions whose argmax matches the reference, mean KL(reference || logp))."""
+    agree = float(np.mean(logp.argmax(-1) == reference.argmax(-1)))
+    p = np.exp(reference.astype(np.float64))
+    kl = float(np.mean(np.sum(p * (reference.astype(np.float64) - logp.astype(np.float64)), axis=-1)))
+    return agree, kl
+
+
 def _cosine(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     dot = sum(float(np.vdot(a[k].astype(np.float64), b[k].astype(np.float64))) for k in a)
     na = sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in a) ** 0.5
@@ -136,7 +162,7 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
     out: dict[str, Any] = {"model": str(model), "task": DEFAULT_TASK, "task_options": DEFAULT_TASK_OPTIONS,
                            "items": len(items), "max_new_tokens": max_new_tokens, "micro_batch_rows": rows,
                            "boundary_layer": stages[0].spec.layer_end, "schemes": {}}
-    reference_grads, sequences = None, None
+    reference_grads, reference_logp, sequences = None, None, None
     try:
         for name in schemes:
             t0 = time.perf_counter()
@@ -150,15 +176,20 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
             for stage in wrapped:
                 stage.reset_meters()
             grads = _grad_pass(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
+            train_acts, train_grads = totals(wrapped, "act"), totals(wrapped, "grad")
+            logp = _teacher_forced(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
             if reference_grads is None:
-                reference_grads = grads
+                reference_grads, reference_logp = grads, logp
+            agree, kl = _agreement(logp, reference_logp)
             out["schemes"][name] = {
                 "strict": round(summary.strict, 4), "well_formed": round(summary.well_formed, 4),
-                "generation_activations": gen, "training_activations": totals(wrapped, "act"),
-                "training_gradients": totals(wrapped, "grad"),
+                "teacher_forced_argmax_agreement": round(agree, 4), "teacher_forced_kl": round(kl, 5),
+                "generation_activations": gen, "training_activations": train_acts,
+                "training_gradients": train_grads,
                 "stage0_grad_cosine_vs_fp32": round(_cosine(grads, reference_grads), 5),
                 "seconds": round(time.perf_counter() - t0, 1)}
-            print(f"  {name:<14} strict {summary.strict:.3f}", file=sys.stderr, flush=True)
+            print(f"  {name:<14} strict {summary.strict:.3f} {json.dumps(out['schemes'][name])}", file=sys.stderr,
+                  flush=True)
     finally:
         for stage in stages:
             stage.close()
@@ -218,12 +249,13 @@ def format_table(report: dict[str, Any]) -> str:
     if real:
         lines += [f"real model {real['model']} cut after layer {real['boundary_layer']}, {real['items']} items",
                   f"{'scheme':<14}{'strict':>7}{'gen x':>8}{'gen err':>9}{'act x':>8}{'act err':>9}"
-                  f"{'grad x':>8}{'grad err':>9}{'g cos':>7}"]
+                  f"{'grad x':>8}{'grad err':>9}{'g cos':>7}{'agree':>7}{'KL':>8}"]
         for name, r in real["schemes"].items():
             g, a, d = r["generation_activations"], r["training_activations"], r["training_gradients"]
             lines.append(f"{name:<14}{r['strict']:>7.3f}{g['x_fewer_than_fp32']:>8.1f}{g['relative_error']:>9.4f}"
                          f"{a['x_fewer_than_fp32']:>8.1f}{a['relative_error']:>9.4f}{d['x_fewer_than_fp32']:>8.1f}"
-                         f"{d['relative_error']:>9.4f}{r['stage0_grad_cosine_vs_fp32']:>7.3f}")
+                         f"{d['relative_error']:>9.4f}{r['stage0_grad_cosine_vs_fp32']:>7.3f}"
+                         f"{r['teacher_forced_argmax_agreement']:>7.3f}{r['teacher_forced_kl']:>8.4f}")
     tiny = report.get("tiny")
     if tiny:
         lines += ["", f"tiny base, {tiny['steps']} RL steps ({tiny['samples']} samples) per scheme",

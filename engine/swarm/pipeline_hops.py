@@ -56,7 +56,7 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     # int8 rows with the largest 0.1 % of entries exact (2x fewer bytes than bf16, safe with massive activations)
     "int8_outliers": _subspace(0, 0),
     "subspace_r8": _subspace(8, 8), "subspace_r16": _subspace(16, 16), "subspace_r32": _subspace(32, 32),
-    "subspace_r64": _subspace(64, 64),
+    "subspace_r64": _subspace(64, 64), "subspace_r96": _subspace(96, 96), "subspace_r128": _subspace(128, 128),
 }
 
 
