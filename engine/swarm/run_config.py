@@ -105,11 +105,12 @@ class RunConfig:
       activation_encoding: how activations and their gradients travel between stages (a scheme of
         ``engine.swarm.pipeline_hops.ACTIVATION_SCHEMES``). int8_rowwise (per-row scales) suits the
         tiny base only: a pretrained model's residual stream has massive entries that per-row int8
-        crushes the rest under (SmolLM2's greedy answers went from 75 % to 0 %); int8_outliers keeps
-        the largest 0.1 % of entries exact (4x fewer bytes than fp32); subspace_r<k> sends each
-        tensor's rows as rank-k coefficients in a basis that travels with the tensor, plus the exact
-        outliers (about 30x fewer bytes at rank 32 on SmolLM2's micro-batches; measured by
-        ``polis bench act``).
+        crushes the rest under (SmolLM2's greedy answers went from 72 % to 3 %); int8_outliers keeps
+        the largest 0.1 % of entries exact (4x fewer bytes than fp32, 2x fewer than bf16; SmolLM2's
+        next tokens agree with fp32's); subspace_r<k> sends each tensor's rows as rank-k coefficients
+        in a basis that travels with the tensor, plus the exact outliers: SmolLM2's middle boundary
+        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. Measured by
+        ``polis bench act``.
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured
