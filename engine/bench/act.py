@@ -148,13 +148,15 @@ def _cosine(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: int, rows: int) -> dict[str, Any]:
     """Greedy accuracy and boundary figures of each scheme on the real model (see the module docstring)."""
-    from engine.rl.codec import load_codec
+    from engine.rl.codec import ChatCodec, load_codec
     from engine.rl.pipeline import LocalPipeline
     from engine.rl.rollout import greedy_completions
     from engine.rl.tasks import make_chat_task, summarise
     from engine.rl.tasks.config import TaskConfig
 
     codec = load_codec(model)
+    if not isinstance(codec, ChatCodec):
+        raise ValueError(f"{model} is not a chat model (bench act's real-model part needs a chat template)")
     task = make_chat_task(TaskConfig(name=DEFAULT_TASK, options=dict(DEFAULT_TASK_OPTIONS)))
     items = task.eval_items()[:n_items]
     prompts = [codec.encode_messages(item.prompt.as_dicts()) for item in items]
@@ -173,12 +175,12 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
             gen = totals(wrapped, "act")
             if sequences is None:  # the fp32 run's completions are every scheme's training rows
                 sequences = [list(p) + [int(t) for t in c] for p, c in zip(prompts, completions)]
-            for stage in wrapped:
-                stage.reset_meters()
+            for boundary in wrapped:
+                boundary.reset_meters()
             grads = _grad_pass(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
             train_acts, train_grads = totals(wrapped, "act"), totals(wrapped, "grad")
             logp = _teacher_forced(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
-            if reference_grads is None:
+            if reference_grads is None or reference_logp is None:
                 reference_grads, reference_logp = grads, logp
             agree, kl = _agreement(logp, reference_logp)
             out["schemes"][name] = {
@@ -216,15 +218,15 @@ def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str,
         t0 = time.perf_counter()
         stages = [load_stage(ck, spec, "torch", "cpu", RL_OPTIMIZER)
                   for spec in plan_stages(ck.config.num_hidden_layers, 2)]
-        wrapped = wrap_stages(stages, name)
+        chain = wrap_stages(stages, name)
         try:
-            trainer = Trainer(LocalPipeline(wrapped), TaskCodec.from_dir(checkpoint), config)
+            trainer = Trainer(LocalPipeline(chain), TaskCodec.from_dir(checkpoint), config)
             start = trainer.evaluate()
-            for stage in wrapped:
-                stage.reset_meters()
+            for boundary in chain:
+                boundary.reset_meters()
             for _ in range(steps):
                 trainer.step()
-            acts, grads = totals(wrapped, "act"), totals(wrapped, "grad")
+            acts, grads = totals(chain, "act"), totals(chain, "grad")
             end = trainer.evaluate()
         finally:
             for stage in stages:

@@ -108,14 +108,12 @@ def _fill_outliers(matrix: np.ndarray, positions: np.ndarray, rank: int, centred
     rows, cols = matrix.shape
     if not positions.size or not rows:
         return matrix
-    out = matrix.copy().reshape(-1)
-    keep = np.ones(out.size, bool)
-    keep[positions] = False
-    keep = keep.reshape(rows, cols)
+    keep_flat = np.ones(matrix.size, bool)
+    keep_flat[positions] = False
+    keep = keep_flat.reshape(rows, cols)
     counts = keep.sum(axis=0)
     col_mean = np.where(counts > 0, (matrix * keep).sum(axis=0) / np.maximum(counts, 1), 0.0)
-    out[positions] = np.broadcast_to(col_mean, (rows, cols)).reshape(-1)[positions]
-    out = out.reshape(rows, cols)
+    out = np.where(keep, matrix, col_mean[None, :])
     for _ in range(FILL_ROUNDS if rank else 0):
         mean = out.mean(axis=0) if centred else np.zeros(cols)
         basis = _top_basis(out - mean, rank)
@@ -185,7 +183,7 @@ def _take_int8(reader: PayloadReader, rows: int, cols: int, col_scaled: bool, wh
     section = reader.take(_int8_nbytes(rows, cols, col_scaled), np.uint8, what)
     try:
         decoded = codec_int8.decode((rows, cols), rows * cols, {"col_scaled": col_scaled},
-                                    PayloadReader(memoryview(section)))
+                                    PayloadReader(memoryview(section.tobytes())))
     except WireFormatError as exc:
         raise WireFormatError(f"{what}: {exc}") from None
     return decoded.reshape(rows, cols)
