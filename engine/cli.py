@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "rl": ("engine.bench.rl", "RL: sync vs stale/corrected vs controls, from the base checkpoint"),
     "transport": ("engine.bench.transport", "WebRTC transport: goodput, latency, codecs, WAN"),
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
+    "act": ("engine.bench.act", "stage-boundary activation encodings: accuracy, learning, bytes"),
     "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
     "comm": ("engine.bench.comm", "communication schemes: replica-update bytes per sample vs accuracy"),
     "trust": ("engine.bench.trust", "poisoned rollouts and replica shares vs a clean run: accuracy, steps lost"),

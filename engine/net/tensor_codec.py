@@ -17,6 +17,7 @@ encoding       lossless payload
 ``bf16``       no       bfloat16 bits as uint16 (round to nearest even)
 ``int8_rowwise`` no     per-row scales + int8 codes; see ``codec_int8``
 ``topk``       no       k largest-magnitude entries, quantised; see ``codec_topk``
+``subspace``   no       low-rank rows + exact outliers (+ int8 residual); see ``codec_subspace``
 ============== ======== =====================================================
 
 :func:`decode_tensor` treats header and payload as hostile: the header is decoded
@@ -40,7 +41,7 @@ import msgpack
 import numpy as np
 from msgspec import Meta
 
-from engine.net import codec_int8, codec_topk
+from engine.net import codec_int8, codec_subspace, codec_topk
 from engine.net.codec_checks import NoParams, PayloadReader, convert_params
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
@@ -78,7 +79,7 @@ _BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 #: wire names of DTYPES and of the encodings (unit-tested to match DTYPES and _CODECS)
 DtypeName = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8",
                     "bool"]
-EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk"]
+EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk", "subspace"]
 
 
 class TensorHeader(WireRecord, frozen=True):
@@ -185,7 +186,7 @@ class _Codec:
 
 
 def _float_codec(module) -> _Codec:
-    """Adapter for the codecs in their own modules (int8 rows, top-k)."""
+    """Adapter for the codecs in their own modules (int8 rows, top-k, subspace)."""
     def encode(array: np.ndarray, params: dict) -> tuple[dict, bytes]:
         return module.encode(array.astype(np.float32, copy=False), **params)
 
@@ -202,6 +203,7 @@ _CODECS: dict[str, _Codec] = {
     "bf16": _Codec(_encode_float(DTYPES["bfloat16"], _BF16_MAX), _decode_float(DTYPES["bfloat16"]), True),
     "int8_rowwise": _float_codec(codec_int8),
     "topk": _float_codec(codec_topk),
+    "subspace": _float_codec(codec_subspace),
 }
 #: Names of all encodings.
 ENCODINGS = tuple(_CODECS)

@@ -32,8 +32,9 @@ from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import SamplingConfig
 from engine.rl.tasks import TaskConfig
 
-#: activation encodings a run may choose (engine.net.tensor_codec names)
-ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise"]
+#: activation encodings a run may choose (engine.swarm.pipeline_hops.ACTIVATION_SCHEMES names)
+ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outliers", "subspace_r8", "subspace_r16",
+                             "subspace_r32", "subspace_r64", "subspace_r96", "subspace_r128"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]
@@ -178,10 +179,15 @@ class RunConfig:
       env: the environment episodes run in (``EnvSettings``: none, or calculator with its limits).
       lr: AdamW learning rate on every stage (LoRA wants about 10x the full-fine-tuning rate).
       max_grad_norm: per-stage gradient-norm clip after replica aggregation (0 = off).
-      activation_encoding: how activations and their gradients travel between stages. int8
-        (per-row scales) suits the tiny base only: a pretrained model's residual stream has outlier
-        channels that per-row int8 crushes (SmolLM2's greedy answers went from 75 % to 0 %);
-        use bf16 for real models.
+      activation_encoding: how activations and their gradients travel between stages (a scheme of
+        ``engine.swarm.pipeline_hops.ACTIVATION_SCHEMES``). int8_rowwise (per-row scales) suits the
+        tiny base only: a pretrained model's residual stream has massive entries that per-row int8
+        crushes the rest under (SmolLM2's greedy answers went from 72 % to 3 %); int8_outliers keeps
+        the largest 0.1 % of entries exact (4x fewer bytes than fp32, 2x fewer than bf16; SmolLM2's
+        next tokens agree with fp32's); subspace_r<k> sends each tensor's rows as rank-k coefficients
+        in a basis that travels with the tensor, plus the exact outliers: SmolLM2's middle boundary
+        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. Measured by
+        ``polis bench act``.
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured

@@ -33,7 +33,7 @@ from engine.swarm import messages
 from engine.swarm.generation import JOB_ERRORS
 from engine.swarm.messages import Act, Grad, TrainIn, TrainOut
 from engine.swarm.node_context import NodeContext
-from engine.swarm.pipeline_hops import encode_activation, forward_encoded, rect
+from engine.swarm.pipeline_hops import encode_gradient, forward_encoded, rect
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class Training:
         if len(route) == 1:
             await ctx.coordinator.send(messages.MbDone(step=step, mb=mb))
             return
-        tensor, payload = await ctx.compute.run(encode_activation, grad_in, run_cfg.activation_encoding)
+        tensor, payload = await ctx.compute.run(encode_gradient, grad_in, run_cfg.activation_encoding)
         hop = len(route) - 2
         await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb),
                              payload)
@@ -207,7 +207,7 @@ class Training:
         if ctx.stage.spec.is_first:
             await ctx.coordinator.send(messages.MbDone(step=header.step, mb=header.mb))
             return
-        tensor, payload = await ctx.compute.run(encode_activation, grad_in, ctx.stage.run_cfg.activation_encoding)
+        tensor, payload = await ctx.compute.run(encode_gradient, grad_in, ctx.stage.run_cfg.activation_encoding)
         hop = header.hop - 1
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor), payload)
 

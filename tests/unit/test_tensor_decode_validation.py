@@ -127,7 +127,9 @@ _json_like = st.recursive(
 
 _VALID = [_valid("fp32"), _valid("fp16"), _valid("bf16"), _valid("raw"), _valid("int8_rowwise"),
           _valid("int8_rowwise", col_scaling=False), _valid("topk", k=40, index_coding="uint32"),
-          _valid("topk", k=40, value_bits=4, block=16), _valid("topk", k=40, value_bits=2)]
+          _valid("topk", k=40, value_bits=4, block=16), _valid("topk", k=40, value_bits=2),
+          _valid("subspace", rank=4), _valid("subspace", rank=3, residual=True, outlier_fraction=0.01),
+          _valid("subspace", rank=0, residual=True, centred=False)]
 
 
 def _decode_or_refuse(header, payload):

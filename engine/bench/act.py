@@ -1,0 +1,299 @@
+"""``polis bench act``: stage-boundary activation encodings on a real model and on the tiny one.
+
+For each scheme in ``--schemes`` (``run_config.ActivationEncoding`` names: fp32, bf16,
+int8_rowwise, subspace_r<k>, ...), with the model cut into two stages in this process and
+every boundary tensor encoded and decoded exactly as between two nodes
+(``engine.bench.act_boundary``):
+
+* **real model** (``--model DIR``, e.g. SmolLM2-135M imported by ``polis import``), on
+  ``--items`` held-out items of ``--task`` (default the real-model demo's chain_sum):
+  ``strict`` greedy accuracy (the same decoding as ``polis eval``) and the bytes and
+  relative error of the activations that crossed while decoding (prefill and every
+  decoding step); on the fp32 run's completions, teacher-forced, the share of positions
+  whose next-token argmax matches fp32's and the mean KL from fp32 (finer than strict
+  accuracy on few items); then a training pass over the same prompts with the fp32 run's greedy
+  completions (micro-batches of ``--micro-batch-rows`` right-padded rows, LoRA rank 16 as
+  in the demo, an RL-like loss: +-1 advantages on the completion tokens), with the bytes
+  and relative error of the training activations and of their gradients, and the cosine
+  between the first stage's adapter gradient and the fp32 run's (what the gradient
+  encoding does to learning, before any step);
+* **tiny model** (``--learn-steps N``, the shipped base): N in-process RL steps of the
+  tested recipe (``engine.rl.recipe``) through the encoded boundary, at equal samples for
+  every scheme: held-out exact match before and after, and bytes per trained sample
+  (activations forward and gradients back during training, plus generation).
+
+The readable table goes to stdout; ``--json`` adds one JSON object as the last line. No
+figure here depends on wall clock (it may run at low priority); ``seconds`` is informative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.bench.act_boundary import totals, wrap_stages
+from engine.swarm.run_config import ACTIVATION_ENCODINGS
+
+DEFAULT_SCHEMES = "fp32,bf16,int8_rowwise,subspace_r16,subspace_r32,subspace_r64"
+DEFAULT_TASK = "reasoning_gym:chain_sum"
+DEFAULT_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+#: LoRA of the real-model demo (engine.swarm.demo.REAL_MODEL_SETTINGS)
+DEMO_LORA_RANK, DEMO_LORA_ALPHA = 16, 32.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="imported real model (e.g. <data dir>/models/smollm2-135m); omit to skip that part")
+    parser.add_argument("--schemes", default=DEFAULT_SCHEMES,
+                        help=f"comma-separated activation encodings (default {DEFAULT_SCHEMES}; fp32 always runs "
+                             f"first as the reference). Known: {', '.join(ACTIVATION_ENCODINGS)}")
+    parser.add_argument("--items", type=int, default=32, help="held-out items of the real model's task (default 32)")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="greedy completion budget (default 48)")
+    parser.add_argument("--micro-batch-rows", type=int, default=8,
+                        help="rows per training micro-batch of the gradient pass (default 8, as in the demo)")
+    parser.add_argument("--learn-steps", type=int, default=0,
+                        help="in-process RL steps on the tiny base per scheme (default 0: skip)")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="tiny base for --learn-steps (default: shipped)")
+
+
+def _schemes(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ACTIVATION_ENCODINGS]
+    if unknown:
+        raise ValueError(f"unknown scheme(s) {unknown} (known: {', '.join(ACTIVATION_ENCODINGS)})")
+    return ["fp32"] + [n for n in names if n != "fp32"]
+
+
+# ------------------------------------------------------------------ real model
+
+def _load_real(model: Path, lora: bool):
+    from backends.base import LoraConfig, OptimizerConfig
+    from engine.model.checkpoint import Checkpoint
+    from engine.model.loader import load_stage
+    from engine.model.shard_plan import plan_stages
+
+    checkpoint = Checkpoint(model)
+    optimizer = OptimizerConfig(lr=5e-5, lora=LoraConfig(enabled=lora, rank=DEMO_LORA_RANK, alpha=DEMO_LORA_ALPHA))
+    return [load_stage(checkpoint, spec, "torch", "cpu", optimizer)
+            for spec in plan_stages(checkpoint.config.num_hidden_layers, 2)]
+
+
+def _micro_batches(sequences: list[list[int]], prompt_lens: list[int], rows: int, pad_id: int):
+    """Right-padded ``(inputs, targets, grad_logprobs)`` micro-batches: +-1 advantages on completion tokens."""
+    for start in range(0, len(sequences), rows):
+        chunk = list(range(start, min(start + rows, len(sequences))))
+        width = max(len(sequences[i]) for i in chunk) - 1
+        inputs = np.full((len(chunk), width), pad_id, np.int64)
+        targets = np.full((len(chunk), width), pad_id, np.int64)
+        grad = np.zeros((len(chunk), width), np.float32)
+        for row, i in enumerate(chunk):
+            seq = sequences[i]
+            inputs[row, :len(seq) - 1] = seq[:-1]
+            targets[row, :len(seq) - 1] = seq[1:]
+            grad[row, prompt_lens[i] - 1:len(seq) - 1] = 1.0 if i % 2 == 0 else -1.0
+        count = max(1.0, float(np.abs(grad).sum()))
+        yield inputs, targets, grad / count
+
+
+def _grad_pass(stages, sequences, prompt_lens, rows: int, pad_id: int) -> dict[str, np.ndarray]:
+    from engine.rl.pipeline import LocalPipeline
+
+    pipeline = LocalPipeline(stages)
+    pipeline.zero_grad()
+    for n, (inputs, targets, grad) in enumerate(_micro_batches(sequences, prompt_lens, rows, pad_id)):
+        pipeline.token_logprobs(inputs, targets, key=f"act-bench-{n}")
+        pipeline.backward(f"act-bench-{n}", grad)
+    grads = stages[0].grads()
+    pipeline.zero_grad()
+    return grads
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _teacher_forced(stages, sequences, prompt_lens, rows: int, pad_id: int) -> np.ndarray:
+    """Next-token log-probs ``[positions, vocab]`` at every completion position of the fixed sequences."""
+    out = []
+    for inputs, _, grad in _micro_batches(sequences, prompt_lens, rows, pad_id):
+        x = inputs
+        for stage in stages:
+            x = stage.forward(x)
+        out.append(_log_softmax(x[grad != 0].astype(np.float64)).astype(np.float32))
+    return np.concatenate(out)
+
+
+def _agreement(logp: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(share of positions whose argmax matches the reference, mean KL(reference || logp))."""
+    agree = float(np.mean(logp.argmax(-1) == reference.argmax(-1)))
+    p = np.exp(reference.astype(np.float64))
+    kl = float(np.mean(np.sum(p * (reference.astype(np.float64) - logp.astype(np.float64)), axis=-1)))
+    return agree, kl
+
+
+def _cosine(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    dot = sum(float(np.vdot(a[k].astype(np.float64), b[k].astype(np.float64))) for k in a)
+    na = sum(float(np.sum(a[k].astype(np.float64) ** 2)) for k in a) ** 0.5
+    nb = sum(float(np.sum(b[k].astype(np.float64) ** 2)) for k in b) ** 0.5
+    return dot / (na * nb) if na and nb else 0.0
+
+
+def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: int, rows: int) -> dict[str, Any]:
+    """Greedy accuracy and boundary figures of each scheme on the real model (see the module docstring)."""
+    from engine.rl.codec import ChatCodec, load_codec
+    from engine.rl.pipeline import LocalPipeline
+    from engine.rl.rollout import greedy_completions
+    from engine.rl.tasks import make_chat_task, summarise
+    from engine.rl.tasks.config import TaskConfig
+
+    codec = load_codec(model)
+    if not isinstance(codec, ChatCodec):
+        raise ValueError(f"{model} is not a chat model (bench act's real-model part needs a chat template)")
+    task = make_chat_task(TaskConfig(name=DEFAULT_TASK, options=dict(DEFAULT_TASK_OPTIONS)))
+    items = task.eval_items()[:n_items]
+    prompts = [codec.encode_messages(item.prompt.as_dicts()) for item in items]
+    stages = _load_real(model, lora=True)
+    out: dict[str, Any] = {"model": str(model), "task": DEFAULT_TASK, "task_options": DEFAULT_TASK_OPTIONS,
+                           "items": len(items), "max_new_tokens": max_new_tokens, "micro_batch_rows": rows,
+                           "boundary_layer": stages[0].spec.layer_end, "schemes": {}}
+    reference_grads, reference_logp, sequences = None, None, None
+    try:
+        for name in schemes:
+            t0 = time.perf_counter()
+            wrapped = wrap_stages(stages, name)
+            completions = greedy_completions(LocalPipeline(wrapped), prompts, max_new_tokens, codec.eos_id)
+            scores = [task.score_tokens(item, [int(t) for t in ids], codec) for item, ids in zip(items, completions)]
+            summary = summarise(items, scores)
+            gen = totals(wrapped, "act")
+            if sequences is None:  # the fp32 run's completions are every scheme's training rows
+                sequences = [list(p) + [int(t) for t in c] for p, c in zip(prompts, completions)]
+            for boundary in wrapped:
+                boundary.reset_meters()
+            grads = _grad_pass(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
+            train_acts, train_grads = totals(wrapped, "act"), totals(wrapped, "grad")
+            logp = _teacher_forced(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
+            if reference_grads is None or reference_logp is None:
+                reference_grads, reference_logp = grads, logp
+            agree, kl = _agreement(logp, reference_logp)
+            out["schemes"][name] = {
+                "strict": round(summary.strict, 4), "well_formed": round(summary.well_formed, 4),
+                "teacher_forced_argmax_agreement": round(agree, 4), "teacher_forced_kl": round(kl, 5),
+                "generation_activations": gen, "training_activations": train_acts,
+                "training_gradients": train_grads,
+                "stage0_grad_cosine_vs_fp32": round(_cosine(grads, reference_grads), 5),
+                "seconds": round(time.perf_counter() - t0, 1)}
+            print(f"  {name:<14} strict {summary.strict:.3f} {json.dumps(out['schemes'][name])}", file=sys.stderr,
+                  flush=True)
+    finally:
+        for stage in stages:
+            stage.close()
+    return out
+
+
+# ------------------------------------------------------------------ tiny model
+
+def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str, Any]:
+    """Equal-sample in-process RL on the tiny base through each scheme's boundary."""
+    from engine.model.checkpoint import Checkpoint
+    from engine.model.loader import load_stage
+    from engine.model.shard_plan import plan_stages
+    from engine.rl.codec import TaskCodec
+    from engine.rl.pipeline import LocalPipeline
+    from engine.rl.recipe import RL_OPTIMIZER, trainer_config
+    from engine.rl.trainer import Trainer
+
+    config = trainer_config(seed=0, eval_every_steps=max(1, steps))
+    samples = steps * config.prompts_per_step * config.group_size
+    out: dict[str, Any] = {"checkpoint": str(checkpoint), "steps": steps, "samples": samples, "schemes": {}}
+    ck = Checkpoint(checkpoint)
+    for name in schemes:
+        t0 = time.perf_counter()
+        stages = [load_stage(ck, spec, "torch", "cpu", RL_OPTIMIZER)
+                  for spec in plan_stages(ck.config.num_hidden_layers, 2)]
+        chain = wrap_stages(stages, name)
+        try:
+            trainer = Trainer(LocalPipeline(chain), TaskCodec.from_dir(checkpoint), config)
+            start = trainer.evaluate()
+            for boundary in chain:
+                boundary.reset_meters()
+            for _ in range(steps):
+                trainer.step()
+            acts, grads = totals(chain, "act"), totals(chain, "grad")
+            end = trainer.evaluate()
+        finally:
+            for stage in stages:
+                stage.close()
+        wire = acts["wire_bytes"] + grads["wire_bytes"]
+        fp32 = acts["fp32_bytes"] + grads["fp32_bytes"]
+        out["schemes"][name] = {
+            "exact_start": round(start.exact_match, 4), "exact_end": round(end.exact_match, 4),
+            "activations": acts, "gradients": grads, "bytes_per_sample": round(wire / samples, 1),
+            "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None,
+            "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"  tiny {name:<14} exact {start.exact_match:.3f} -> {end.exact_match:.3f}", file=sys.stderr,
+              flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = []
+    real = report.get("real")
+    if real:
+        lines += [f"real model {real['model']} cut after layer {real['boundary_layer']}, {real['items']} items",
+                  f"{'scheme':<14}{'strict':>7}{'gen x':>8}{'gen err':>9}{'act x':>8}{'act err':>9}"
+                  f"{'grad x':>8}{'grad err':>9}{'g cos':>7}{'agree':>7}{'KL':>8}"]
+        for name, r in real["schemes"].items():
+            g, a, d = r["generation_activations"], r["training_activations"], r["training_gradients"]
+            lines.append(f"{name:<14}{r['strict']:>7.3f}{g['x_fewer_than_fp32']:>8.1f}{g['relative_error']:>9.4f}"
+                         f"{a['x_fewer_than_fp32']:>8.1f}{a['relative_error']:>9.4f}{d['x_fewer_than_fp32']:>8.1f}"
+                         f"{d['relative_error']:>9.4f}{r['stage0_grad_cosine_vs_fp32']:>7.3f}"
+                         f"{r['teacher_forced_argmax_agreement']:>7.3f}{r['teacher_forced_kl']:>8.4f}")
+    tiny = report.get("tiny")
+    if tiny:
+        lines += ["", f"tiny base, {tiny['steps']} RL steps ({tiny['samples']} samples) per scheme",
+                  f"{'scheme':<14}{'start':>7}{'end':>7}{'B/sample':>10}{'x fp32':>8}{'act err':>9}{'grad err':>9}"]
+        for name, r in tiny["schemes"].items():
+            lines.append(f"{name:<14}{r['exact_start']:>7.3f}{r['exact_end']:>7.3f}{r['bytes_per_sample']:>10.0f}"
+                         f"{r['x_fewer_than_fp32']:>8.1f}{r['activations']['relative_error']:>9.4f}"
+                         f"{r['gradients']['relative_error']:>9.4f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.paths import base_checkpoint_dir
+
+    try:
+        schemes = _schemes(args.schemes)
+    except ValueError as exc:
+        print(f"polis bench act: {exc}", file=sys.stderr)
+        return 2
+    if args.model is None and args.learn_steps <= 0:
+        print("polis bench act: nothing to do: give --model DIR (a real model) and/or --learn-steps N (tiny base)",
+              file=sys.stderr)
+        return 2
+    report: dict[str, Any] = {"schemes": schemes}
+    t0 = time.perf_counter()
+    if args.model is not None:
+        if not (args.model / "config.json").exists():
+            print(f"polis bench act: no model in {args.model} (import one with `polis import smollm2-135m`)",
+                  file=sys.stderr)
+            return 2
+        report["real"] = real_model(args.model, schemes, args.items, args.max_new_tokens, args.micro_batch_rows)
+    if args.learn_steps > 0:
+        checkpoint = Path(args.checkpoint) if args.checkpoint else base_checkpoint_dir()
+        report["tiny"] = tiny_learning(checkpoint, schemes, args.learn_steps)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    print(format_table(report))
+    if args.json:
+        print(json.dumps(report))
+    return 0

@@ -1,0 +1,106 @@
+"""A stage whose boundary tensors go through the wire encoding, as between two nodes, and what that costs.
+
+``EncodedBoundary`` wraps a ``StageBackend`` living in this process: the activations it
+hands to the next stage and the input gradient it hands back to the previous one are
+encoded with a run's ``activation_encoding`` (``engine.swarm.pipeline_hops``, the very
+functions a node uses), decoded again (``decode_activation``, with the checks a receiving
+node applies) and metered: bytes on the wire, bytes as dense float32, and the squared error
+against the exact tensor. So ``polis bench act`` can chain stages with ``LocalPipeline`` or
+``greedy_decode`` and measure a scheme's accuracy, learning and bytes without processes or
+links.
+
+What it does not know: tasks, training, which scheme is good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from backends.base import StageBackend
+from engine.swarm.pipeline_hops import decode_activation, encode_activation, encode_gradient, scheme_of
+
+
+@dataclass
+class BoundaryMeter:
+    """Totals over every tensor of one kind (``act`` or ``grad``) that crossed the boundary."""
+
+    tensors: int = 0
+    rows: int = 0
+    wire_bytes: int = 0
+    fp32_bytes: int = 0
+    err_sq: float = 0.0
+    ref_sq: float = 0.0
+
+    def add(self, exact: np.ndarray, decoded: np.ndarray, header: dict, payload: bytes) -> None:
+        self.tensors += 1
+        self.rows += int(np.prod(exact.shape[:-1]))
+        self.wire_bytes += len(msgpack.packb(header)) + len(payload)
+        self.fp32_bytes += 4 * exact.size
+        diff = decoded.astype(np.float64) - exact.astype(np.float64)
+        self.err_sq += float(np.sum(diff * diff))
+        self.ref_sq += float(np.sum(exact.astype(np.float64) ** 2))
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able totals: ratio vs float32 and the relative (Frobenius) error."""
+        return {"tensors": self.tensors, "rows": self.rows, "wire_bytes": self.wire_bytes,
+                "fp32_bytes": self.fp32_bytes,
+                "x_fewer_than_fp32": round(self.fp32_bytes / self.wire_bytes, 2) if self.wire_bytes else None,
+                "relative_error": round((self.err_sq / self.ref_sq) ** 0.5, 5) if self.ref_sq else None}
+
+
+class EncodedBoundary:
+    """``inner`` with its outgoing activations and gradients sent through ``encoding`` and back."""
+
+    def __init__(self, inner: StageBackend, encoding: str) -> None:
+        scheme_of(encoding)  # unknown names fail here, not on the first tensor
+        self._inner = inner
+        self.encoding = encoding
+        self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _cross(self, kind: str, exact: np.ndarray) -> np.ndarray:
+        encode = encode_activation if kind == "act" else encode_gradient
+        header, payload = encode(exact, self.encoding)
+        decoded = decode_activation(header, payload, exact.shape[-1])
+        self.meters[kind].add(exact, decoded, header, payload)
+        return decoded
+
+    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None) -> np.ndarray:
+        out = self._inner.forward(inputs, cache_id=cache_id, key=key)
+        return out if self._inner.spec.is_last else self._cross("act", out)
+
+    def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
+                       temperature: float = 1.0) -> np.ndarray:
+        return self._inner.token_logprobs(inputs, targets, key=key, temperature=temperature)
+
+    def backward(self, key: str, grad_output: np.ndarray) -> np.ndarray | None:
+        grad = self._inner.backward(key, grad_output)
+        return None if grad is None else self._cross("grad", grad)
+
+    def reset_meters(self) -> None:
+        self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
+
+
+def wrap_stages(stages: list[StageBackend], encoding: str) -> list[EncodedBoundary]:
+    """Every stage of a chain wrapped (the last one's logits and the first one's token ids stay exact)."""
+    return [EncodedBoundary(stage, encoding) for stage in stages]
+
+
+def totals(stages: list[EncodedBoundary], kind: str) -> dict[str, Any]:
+    """One kind's meters summed over the chain."""
+    total = BoundaryMeter()
+    for stage in stages:
+        m = stage.meters[kind]
+        total.tensors += m.tensors
+        total.rows += m.rows
+        total.wire_bytes += m.wire_bytes
+        total.fp32_bytes += m.fp32_bytes
+        total.err_sq += m.err_sq
+        total.ref_sq += m.ref_sq
+    return total.summary()

@@ -1,0 +1,122 @@
+import msgpack
+import numpy as np
+import pytest
+
+from engine.net import codec_subspace
+from engine.net.errors import WireFormatError
+from engine.net.tensor_codec import decode_tensor, encode_tensor
+
+
+def _roundtrip(array, **params):
+    encoded = encode_tensor(array, "subspace", **params)
+    header = msgpack.unpackb(msgpack.packb(encoded.header))  # what a peer really receives
+    return encoded, decode_tensor(header, encoded.payload)
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+def _residual_stream(seed=0, rows=512, cols=128, rank=8, noise=0.01):
+    """Rows near a rank-``rank`` subspace plus a mean, with one massive 'attention sink' entry per sequence."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, rank)) @ rng.standard_normal((rank, cols)) + 3.0 * rng.standard_normal(cols)
+    x += noise * rng.standard_normal((rows, cols))
+    x = x.reshape(8, rows // 8, cols).astype(np.float32)
+    x[:, 0, 5] = 24576.0  # exactly representable in bfloat16
+    return x
+
+
+def test_low_rank_rows_with_massive_outliers_come_back_close_at_thirty_times_fewer_bytes():
+    x = _residual_stream()
+    encoded, y = _roundtrip(x, rank=8)
+    assert np.all(y[:, 0, 5] == 24576.0)  # the sinks travel exactly ...
+    rest = np.ones(x.shape, bool)
+    rest[:, 0, 5] = False
+    assert _rel(x[rest], y[rest]) < 0.01  # ... and do not crush everything else
+    assert encoded.ratio_vs_fp32 > 30
+
+
+def test_the_column_of_a_massive_entry_survives_where_int8_rows_lose_it():
+    x = _residual_stream()[:1]  # one sequence: its first token holds the massive entry
+    encoded = encode_tensor(x, "int8_rowwise")
+    int8 = decode_tensor(encoded.header, encoded.payload)
+    _, sub = _roundtrip(x, rank=8)
+    column = x[0, 1:, 5]  # every other token's value in that channel
+    assert _rel(column, int8[0, 1:, 5]) > 0.5
+    assert _rel(column, sub[0, 1:, 5]) < 0.05
+
+
+def test_rank_zero_with_residual_is_int8_rows_with_exact_outliers():
+    x = _residual_stream(rows=8)[:, :1]  # one decoding step: a row per sequence
+    encoded, y = _roundtrip(x, rank=0, residual=True, centred=False)
+    assert encoded.header["params"]["rank"] == 0
+    assert np.all(y[:, 0, 5] == 24576.0)
+    assert _rel(x, y) < 0.01
+
+
+def test_rank_is_clamped_to_the_rows_and_columns_there_are():
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    encoded, y = _roundtrip(x, rank=64)
+    assert encoded.header["params"]["rank"] == 3
+    assert _rel(x, y) < 0.02
+
+
+def test_payload_length_matches_what_the_params_imply():
+    x = _residual_stream(rows=64)
+    for params in ({"rank": 4}, {"rank": 4, "residual": True}, {"rank": 0, "residual": True, "centred": False}):
+        encoded = encode_tensor(x, "subspace", **params)
+        p = encoded.header["params"]
+        assert len(encoded.payload) == codec_subspace.payload_nbytes(
+            64, 128, p["rank"], centred=p["centred"], coef_col_scaled=p["coef_col_scaled"], residual=p["residual"],
+            residual_col_scaled=p["residual_col_scaled"], outliers=p["outliers"],
+            outlier_index_bytes=p["outlier_index_bytes"])
+
+
+def test_sender_mistakes_are_value_errors():
+    with pytest.raises(ValueError, match="NaN"):
+        encode_tensor(np.array([[np.nan, 1.0]], np.float32), "subspace")
+    with pytest.raises(ValueError, match="rank"):
+        encode_tensor(np.ones((4, 4), np.float32), "subspace", rank=-1)
+    with pytest.raises(ValueError, match="bfloat16"):
+        encode_tensor(np.full((2, 2), np.finfo(np.float32).max, np.float32), "subspace")
+
+
+def _valid(**params):
+    encoded = encode_tensor(_residual_stream(rows=64), "subspace", **params)
+    return dict(encoded.header, params=dict(encoded.header["params"])), bytes(encoded.payload)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"rank": 65}, "rank"),  # more basis vectors than rows x cols allow
+    ({"outliers": 10 ** 9}, "outliers"),
+    ({"outlier_index_bytes": 0}, "outlier_index_bytes"),
+    ({"residual_col_scaled": True}, "residual"),
+    ({"colour": 1}, "subspace params"),
+    ({"rank": 3}, "payload has"),
+])
+def test_inconsistent_params_are_refused_before_decoding(change, match):
+    header, payload = _valid(rank=4)
+    header["params"].update(change)
+    with pytest.raises(WireFormatError, match=match):
+        decode_tensor(header, payload)
+
+
+def test_coefficients_column_scaled_without_a_basis_are_refused():
+    header, payload = _valid(rank=0, residual=True, centred=False)
+    header["params"]["coef_col_scaled"] = True
+    with pytest.raises(WireFormatError, match="without a basis"):
+        decode_tensor(header, payload)
+
+
+def test_outlier_positions_beyond_the_tensor_and_bad_means_are_refused():
+    header, payload = _valid(rank=4)
+    n, index_bytes = header["params"]["outliers"], header["params"]["outlier_index_bytes"]
+    index_start = len(payload) - index_bytes - 2 * n
+    gaps = b"\xff\x7f" + b"\x00" * (n - 1)  # a first gap of 16383 entries: past 64 x 128
+    bad = payload[:index_start] + gaps + payload[index_start + index_bytes:]
+    with pytest.raises(WireFormatError, match="beyond"):
+        decode_tensor(dict(header, params=dict(header["params"], outlier_index_bytes=len(gaps))), bad)
+    nan_mean = np.full(128, np.nan, "<f4").tobytes() + payload[4 * 128:]
+    with pytest.raises(WireFormatError, match="mean"):
+        decode_tensor(header, nan_mean)
