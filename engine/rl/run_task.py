@@ -52,9 +52,9 @@ from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_n
 from engine.rl.tasks.rewards import exact_match, token_reward
 
 if TYPE_CHECKING:
+    from engine.envs.settings import EnvSettings
     from engine.envs.tool_env import QuestionSource
     from engine.rl.env_run_task import EnvRunTask
-    from engine.swarm.run_config import EnvSettings
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ import msgspec
 from msgspec import Meta
 
 from backends.base import LORA_TARGETS, LoraConfig
+from engine.envs.settings import EnvSettings
 from engine.rl.objective import ObjectiveConfig
 from engine.rl.recipe import BASE_TASK
 from engine.rl.rollout import SamplingConfig
@@ -77,26 +78,6 @@ class LoraSettings:
         """The backends' ``LoraConfig`` for these settings."""
         return LoraConfig(enabled=self.enabled, rank=self.rank, alpha=float(self.alpha),
                           target_modules=tuple(self.target_modules), init_seed=self.init_seed)
-
-
-@dataclass(frozen=True)
-class EnvSettings:
-    """The environment episodes run in (``engine.envs``), or none: the task alone, one turn each.
-
-    Fields:
-      name: ``""`` (the task's single-turn episodes) or ``calculator`` (the chat task's questions
-        with a calculator tool, ``engine.envs.tool_env``; needs a chat task).
-      max_turns: model turns per episode (a tool-call loop is cut there).
-      max_context_tokens: tokens of an episode's whole context (prompt, turns, observations).
-      max_tool_s: seconds of tool time per episode.
-      tool_use_weight: the reward part paid for a right answer reached with a working tool call.
-    """
-
-    name: Literal["", "calculator"] = ""
-    max_turns: Annotated[int, Meta(ge=1, le=64)] = 4
-    max_context_tokens: Annotated[int, Meta(ge=16, le=1 << 20)] = 1024
-    max_tool_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 10.0
-    tool_use_weight: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.05
 
 
 @dataclass(frozen=True)

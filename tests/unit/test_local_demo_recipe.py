@@ -98,7 +98,7 @@ def test_every_environment_a_run_can_name_is_registered():
     from typing import get_args, get_type_hints
 
     from engine.envs.registry import ENVIRONMENTS
-    from engine.swarm.run_config import EnvSettings
+    from engine.envs.settings import EnvSettings
 
     assert set(get_args(get_type_hints(EnvSettings)["name"])) - {""} == set(ENVIRONMENTS)
 
