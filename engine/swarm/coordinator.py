@@ -191,14 +191,14 @@ class Coordinator:
         asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
 
     async def _broadcast_members(self) -> None:
-        message = self.members.members_message(self.book.version)
-        for peer in list(self.sessions):
-            await self.members.send(peer, message)
+        await self.members.broadcast(self.book.version)
 
     def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> messages.Welcome:
         """The ``welcome`` to a node now serving ``stage`` (``hello``: what it held, None when moved)."""
         spec = self.specs[stage]
-        trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
+        leader = self.members.leader(stage)
+        trainers = sorted((p for p in self.members.stage_replicas()[stage] if p != session.peer_id),
+                          key=lambda p: p != leader)  # the named leader first: it streams to inference
         ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
                 and hello.run_id == self.run_id and hello.version == self.book.version)
@@ -309,6 +309,7 @@ class Coordinator:
         del self.sessions[session.peer_id]
         remove_node(self.assignment, session.peer_id)
         self.streams.forget(session.peer_id)
+        self.members.authority.forget(session.peer_id)
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.generation.on_node_lost(session.peer_id)
         self.steps.on_node_lost(session.peer_id)

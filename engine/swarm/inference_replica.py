@@ -11,7 +11,9 @@ coordinator. On a leader change, an out-of-sequence delta or a malformed one
 (a strike against its sender) it fetches full weights first.
 
 Every inbound stream message is untrusted: it must come from a trainer of our
-stage, name our stage, and pass the follower's checks (names, shapes, dtype,
+stage, name our stage, come from the leader the coordinator named for it in
+``members`` (any other sender is ignored and counted in ``not_leader``: before
+that, the smallest id or any trainer could take a replica over), and pass the follower's checks (names, shapes, dtype,
 size cap, finite sums). The state machine is
 ``engine.swarm.weight_stream.StreamFollower``; the leader side is
 ``engine.swarm.weight_stream_leader``. What it does not know: generation or
@@ -58,7 +60,7 @@ class InferenceReplica:
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._handling = False
-        self.stats = {"deltas_applied": 0, "full_loads": 0, "resyncs": 0, "dropped": 0}
+        self.stats = {"deltas_applied": 0, "full_loads": 0, "resyncs": 0, "dropped": 0, "not_leader": 0}
 
     def idle(self) -> bool:
         """Nothing queued and nothing being applied or fetched."""
@@ -132,6 +134,11 @@ class InferenceReplica:
         if header.stage != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
             self._strike(sender, f"'{_kind(header)}' for stage {header.stage} from a peer that does not train "
                                  f"stage {stage}")
+            return
+        if sender != ctx.membership.leader_of(stage):
+            self.stats["not_leader"] += 1
+            log.info("ignored '%s' from %s: the coordinator named %s to lead stage %d", _kind(header), sender,
+                     ctx.membership.leader_of(stage), stage)
             return
         action = self.follower.decide(sender, _kind(header), header.version, getattr(header, "stream", None))
         if action == StreamFollower.IGNORE:

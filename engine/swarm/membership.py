@@ -8,7 +8,13 @@ replica r (mod count) of every stage, so every replica serves. Sending never wai
 socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that long is evicted
 (out of every route at once, socket closed).
 
-What it does not know: authentication, stage assignment, scheduling, messages' meaning.
+Weight authority: each stage's leader is the one :class:`~engine.swarm.weight_votes.WeightAuthority`
+names (by admission order and the replicas' full-weight votes, never by peer id); it is announced in
+``apply`` and ``members``. :meth:`Membership.check_weights` tallies a step's digests and carries out
+the verdict: ``sync`` (source, version, majority digest) to each outvoted replica, eviction of one that
+stays outvoted or that two followers refused, and a new ``members`` when a stage's leader changed.
+
+What it does not know: authentication, stage assignment, scheduling.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
+from engine.swarm.weight_votes import WeightAuthority
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +51,10 @@ class Membership:
     def __init__(self, num_stages: int) -> None:
         self.num_stages = num_stages
         self.sessions: dict[str, NodeSession] = {}
+        self.authority = WeightAuthority()
 
     def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
-        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
+        """Ready peers of each stage with ``role`` (None: any), sorted by peer id (``leader`` names the leader)."""
         out: list[list[str]] = [[] for _ in range(self.num_stages)]
         for s in self.sessions.values():
             if s.ready and s.stage is not None and (role is None or s.role == role):
@@ -73,6 +81,44 @@ class Membership:
         trainers, inference = self.stage_replicas(), self.inference_replicas()
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
+    def leader(self, stage: int) -> str | None:
+        """The trainer that leads ``stage`` (checkpoints it, streams to its inference replicas)."""
+        trainers = [(s.joined, s.peer_id) for s in self.sessions.values()
+                    if s.ready and s.stage == stage and s.role == "trainer"]
+        return self.authority.leader(stage, trainers)
+
+    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
+        """One step's full-weight digests of ``stage``'s trainers: the majority decides (see the module)."""
+        before = self.authority.leaders().get(stage)
+        vote = self.authority.vote(stage, digests)
+        for peer, source in vote.resync:
+            log.info("replica %s of stage %d is outside the weight majority; resynchronising from %s",
+                     peer, stage, source)
+            await self.send(peer, messages.Sync(source_peer=source, weights_hash=vote.majority, version=version))
+        for peer in vote.evict:
+            session = self.sessions.get(peer)
+            if session is not None:
+                self._evict(session, f"held weights outside stage {stage}'s majority for "
+                                     f"{self.authority.evict_after} votes in a row")
+        if self.leader(stage) != before:
+            await self.broadcast(version)
+
+    async def weights_refused(self, follower: str, source: str, version: int) -> None:
+        """``follower`` refused the weights ``source`` sent for its sync (they missed the majority digest)."""
+        before = self.authority.leaders()
+        evict = self.authority.refused(source, follower)
+        session = self.sessions.get(source)
+        if evict and session is not None:
+            self._evict(session, "sent weights that two followers found did not match the majority's digest")
+        if [self.leader(stage) for stage in range(self.num_stages)] != [before.get(s) for s in range(self.num_stages)]:
+            await self.broadcast(version)
+
+    async def broadcast(self, version: int) -> None:
+        """The ``members`` message to every admitted node."""
+        message = self.members_message(version)
+        for peer in list(self.sessions):
+            await self.send(peer, message)
+
     def members_message(self, version: int) -> messages.Members:
         """The ``members`` message: every admitted node by stage (ready or not) and the inference replicas."""
         members: list[list[str]] = [[] for _ in range(self.num_stages)]
@@ -80,7 +126,8 @@ class Membership:
             if s.stage is not None:
                 members[s.stage].append(s.peer_id)
         inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference)
+        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference,
+                                leaders=[self.leader(stage) for stage in range(self.num_stages)])
 
     async def send(self, peer_id: str, message: messages.CoordinatorToNode) -> bool:
         """Send a typed message; False if the peer is gone or it did not leave within ``SEND_TIMEOUT_S``."""
@@ -102,6 +149,7 @@ class Membership:
         peer must cost the run one send deadline, not one per message."""
         log.warning("evicting %s: it %s", session.peer_id, why)
         session.ready = False
+        self.authority.forget(session.peer_id)
         asyncio.get_running_loop().create_task(self._close(session), name=f"polis-coord-evict-{session.peer_id[:8]}")
 
     @staticmethod

@@ -28,10 +28,12 @@ and of one training micro-batch::
     coordinator --train_in--> stage 0,  --train_out--> last stage
     stage 0 --act--> ... --> last stage (loss) --grad--> ... --> stage 0 --mb_done--> coordinator
     coordinator --apply--> every trainer; replicas --share--> each other; --stepped--> coordinator
+    (with a full-weight digest: the majority decides; --sync--> a minority replica names a majority
+    source and the digest, and a mismatch comes back as --weights_refused-->)
 
 and of the weight stream to inference replicas (``engine.swarm.inference_replica``)::
 
-    stage leader --wdelta--> each inference replica of its stage (after every applied step)
+    stage leader (named by the coordinator in ``apply`` and ``members``) --wdelta--> each inference replica of its stage (after every applied step)
     stage leader --streamed--> coordinator (bytes, shadow checksums, quantisation residual)
     inference replica --served--> coordinator (the version it now generates with)
     leader without a stream to a replica --wlead--> it; it answers --weights_req(stream)--> leader
@@ -90,6 +92,8 @@ BoolRows = Annotated[list[Annotated[list[bool], Meta(max_length=MAX_TOKENS)]],
                      Meta(min_length=1, max_length=MAX_ROWS)]
 Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
 Checksum = Annotated[float, Meta(ge=-1e30, le=1e30)]
+#: blake2b-128 hex of a stage's full trainable weights (``engine.swarm.weight_votes.weights_digest``)
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
 Count = Annotated[float, Meta(ge=0.0, le=1e18)]
 #: an engine.net.tensor_codec header (validated by decode_tensor, not here)
 TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
@@ -133,6 +137,9 @@ class Members(WireMessage, frozen=True, tag="members"):
     stages: Annotated[list[PeerList], Meta(max_length=MAX_STAGES)]  # peer ids per stage
     version: Version  # current policy version
     inference: PeerList = []  # the members that are inference replicas (the rest train)
+    # per stage, the trainer the coordinator named leader (None: none yet); inference replicas take
+    # weight-stream messages from it alone
+    leaders: Annotated[list[PeerId | None], Meta(max_length=MAX_STAGES)] = []
 
 
 class Gen(WireMessage, frozen=True, tag="gen"):
@@ -166,10 +173,11 @@ class TrainOut(WireMessage, frozen=True, tag="train_out"):
 class Apply(WireMessage, frozen=True, tag="apply"):
     step: Step  # the step whose gradients are complete
     version: Version  # the version the stage has after applying it
-    # the stage's trainers, sorted; the first one leads the stage
-    replicas: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_PEERS)]
+    replicas: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_PEERS)]  # the stage's trainers, sorted
     checkpoint: bool  # write a stage checkpoint after this step
     inference: PeerList = []  # the stage's inference replicas, which the leader streams deltas to
+    # the trainer the coordinator named to lead the stage (stream to inference replicas); None: nobody
+    leader: PeerId | None = None
 
 
 class Abort(WireMessage, frozen=True, tag="abort"):
@@ -178,6 +186,10 @@ class Abort(WireMessage, frozen=True, tag="abort"):
 
 class Sync(WireMessage, frozen=True, tag="sync"):
     source_peer: PeerId  # fetch full weights from this peer
+    # the majority's digest of the stage's weights and their version: install only weights of this
+    # version that hash to it (None: no vote behind this sync)
+    weights_hash: Digest | None = None
+    version: Version | None = None
 
 
 class Shutdown(WireMessage, frozen=True, tag="shutdown"):
@@ -251,10 +263,11 @@ class Stepped(WireMessage, frozen=True, tag="stepped"):
     step: Step  # the applied step
     version: Version  # the stage's version after it
     grad_norm: Annotated[float, Meta(ge=0.0, le=1e12)]  # stage gradient norm before clipping
-    checksum: Checksum  # of the stage's weights (replicas must agree)
+    checksum: Checksum  # of the stage's weights (a cheap sample; the stream book pairs it with ``served``)
     update_bytes: ByteCount  # bytes sent for the replica gradient exchange
     dense_bytes: ByteCount  # what fp32 would have taken
     checkpoint_path: FilePath | None  # stage checkpoint written at this step, if any
+    weights_hash: Digest | None = None  # of the stage's full trainable weights (the replicas' vote)
 
 
 class StreamReport(WireRecord, frozen=True):
@@ -279,6 +292,14 @@ class Served(WireMessage, frozen=True, tag="served"):
     full: bool  # a full load (True) or a delta (False)
 
 
+class WeightsRefused(WireMessage, frozen=True, tag="weights_refused"):
+    """A ``sync`` whose source sent weights that did not hash to the digest the ``sync`` named."""
+
+    source: PeerId  # the peer that sent them
+    version: Version  # the version they claimed
+    reason: Reason  # what did not match, in words
+
+
 class Report(WireMessage, frozen=True, tag="report"):
     tokens_generated: Count  # cumulative this session
     microbatches_trained: Count  # cumulative this session
@@ -288,7 +309,7 @@ class Report(WireMessage, frozen=True, tag="report"):
 
 
 NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, ProxDone, MbFailed, Stepped,
-                          Streamed, Served, Report]
+                          Streamed, Served, WeightsRefused, Report]
 
 
 # ---------------------------------------------------------------- node <-> node (msgpack)

@@ -140,7 +140,7 @@ class Node:
             self.session = ctx.coordinator = CoordinatorSession(
                 config.coordinator_url, identity, ctx.tasks, hello_fields=self._hello_fields,
                 on_welcome=self._welcomed, on_message=self.on_coordinator,
-                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference),
+                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference, msg.leaders),
                 while_connected=self.status.report_loop, emit=self.emit, set_state=self.status.set_state,
                 reconnect_max_s=config.reconnect_max_s)
         self._coordinator_handlers: dict[type, Callable[[Any], None]] = {
@@ -326,7 +326,7 @@ class Node:
         self.replicas.forget(step)
 
     def _on_members(self, msg: messages.Members) -> None:
-        self.ctx.membership.update(msg.stages, msg.inference)
+        self.ctx.membership.update(msg.stages, msg.inference, msg.leaders)
         self.ctx.membership.coordinator_version = msg.version
         self._connect_neighbours()
         self.status.emit_status()

@@ -114,16 +114,22 @@ class Membership:
 
     stages: peer ids per stage (trainers and inference replicas together).
     inference: the members that are inference replicas.
+    leaders: per stage, the trainer the coordinator named leader (None: none named).
     coordinator_version: the policy version the coordinator last announced.
     """
 
     stages: list[list[str]] = field(default_factory=list)
     inference: set[str] = field(default_factory=set)
+    leaders: list[str | None] = field(default_factory=list)
     coordinator_version: int = 0
 
-    def update(self, stages: list[list[str]], inference: Any) -> None:
+    def update(self, stages: list[list[str]], inference: Any, leaders: Any = ()) -> None:
         self.stages = stages
         self.inference = set(inference or ())
+        self.leaders = list(leaders or ())
+
+    def leader_of(self, stage: int) -> str | None:
+        return self.leaders[stage] if stage < len(self.leaders) else None
 
     def of_stage(self, stage: int) -> list[str]:
         return self.stages[stage] if stage < len(self.stages) else []

@@ -13,6 +13,7 @@ What it does not know: websockets, authentication, scheduling decisions.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
 from engine.net.errors import ProtocolViolation
@@ -36,6 +37,7 @@ class NodeReports:
             messages.JobFailed: self._job_failed, messages.MbLoss: self._mb_loss, messages.MbDone: self._mb_done,
             messages.ProxDone: self._prox_done, messages.MbFailed: self._mb_failed, messages.Stepped: self._stepped,
             messages.Streamed: self._streamed, messages.Served: self._served, messages.Report: self._report,
+            messages.WeightsRefused: self._weights_refused,
         }
 
     def handle(self, session: NodeSession, message: messages.NodeToCoordinator) -> None:
@@ -76,6 +78,13 @@ class NodeReports:
             raise ProtocolViolation("'stepped' from an inference replica")
         session.version = message.version
         self.steps.on_stepped(session.peer_id, message)
+
+    def _weights_refused(self, session: NodeSession, message: messages.WeightsRefused) -> None:
+        if session.role != "trainer":
+            raise ProtocolViolation("'weights_refused' from an inference replica (it is never sent a sync)")
+        asyncio.get_running_loop().create_task(
+            self.members.weights_refused(session.peer_id, message.source, message.version),
+            name=f"polis-coord-refused-{session.peer_id[:8]}")
 
     def _streamed(self, session: NodeSession, message: messages.Streamed) -> None:
         """A leader's stream report: every replica it names must be an inference replica of its stage."""

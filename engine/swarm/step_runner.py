@@ -12,8 +12,9 @@
 4. per mini-batch: its micro-batches go through the training routes
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
-   rule — and steps; the stage leader streams weight deltas to the inference replicas); once
-   ``stepped`` comes back the version advances and is recorded.
+   rule — and steps; the stage leader the links name streams weight deltas to the inference
+   replicas); once ``stepped`` comes back the version advances and is recorded, and each
+   stage's full-weight digests go to the links' majority vote.
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -215,10 +216,10 @@ class StepRunner:
         expected: set[str] = set()
         inference = self.links.inference_replicas()
         for stage, replicas in enumerate(self.links.stage_replicas()):
+            leader = self.links.leader(stage)  # named by the weight votes: checkpoints, streams to inference
             for peer in replicas:
-                # replicas[0] leads the stage: it checkpoints and streams weights to the inference replicas
-                apply = messages.Apply(step=step, version=version, replicas=replicas,
-                                       checkpoint=checkpoint and peer == replicas[0],
+                apply = messages.Apply(step=step, version=version, replicas=replicas, leader=leader,
+                                       checkpoint=checkpoint and peer == leader,
                                        inference=inference[stage] if stage < len(inference) else [])
                 if await self.links.send(peer, apply):
                     expected.add(peer)
@@ -244,25 +245,20 @@ class StepRunner:
         for m in reports.values():
             self.update_bytes += m.update_bytes
             self.dense_update_bytes += m.dense_bytes
-        await self._check_replicas(reports)
+        await self._check_replicas(reports, version)
         return True
 
-    async def _check_replicas(self, reports: dict[str, messages.Stepped]) -> None:
-        """Replicas of a stage must hold equal weights; resync any that drifted."""
+    async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> None:
+        """Replicas of a stage must hold equal weights: their full-weight digests are put to a vote
+        (``engine.swarm.weight_votes``; outvoted replicas are resynced from the majority)."""
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
             for _, m in seen:
                 if m.checkpoint_path:
                     self.checkpoints[stage] = m.checkpoint_path
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
-            if len(seen) < 2:
-                continue
-            leader, lead = seen[0]
-            for peer, m in seen[1:]:
-                if abs(m.checksum - lead.checksum) > 1e-3 * max(1.0, abs(lead.checksum)):
-                    self.book.counters["resyncs"] += 1
-                    log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
-                    await self.links.send(peer, messages.Sync(source_peer=leader))
+            if len(seen) >= 2:
+                await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
 
     # ------------------------------------------------------------------ node reports
     def on_mb_loss(self, sender: str, m: messages.MbLoss) -> None:

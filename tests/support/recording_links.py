@@ -30,3 +30,9 @@ class RecordingLinks:
 
     def inference_replicas(self) -> list[list[str]]:
         return [[] for _ in self.route]
+
+    def leader(self, stage: int) -> str | None:
+        return self.route[stage]
+
+    async def check_weights(self, stage: int, digests: dict, version: int) -> None:
+        self.sent.append(("check_weights", (stage, dict(digests), version)))
