@@ -6,6 +6,9 @@ does not exist, a version from the far future, ...), and returns the coordinator
 reply (``welcome`` or ``shutdown``) with the socket still open, so the test can go on
 sending whatever the misbehaviour needs. It is a test helper: it never computes anything.
 
+In-process misbehaviours of a real ``engine.swarm.node.Node`` are separate small pieces below
+(each named for what it does): :class:`ServesRandomWeights` / :func:`claim_honest_digest`.
+
 What it does not know: stages, weights, the node's real pipeline (``engine.swarm.node``).
 """
 
@@ -60,3 +63,49 @@ async def join(url: str, identity: Identity | None = None, timeout_s: float = 10
         reply = json.loads(msg.data)
         if reply["type"] in ("welcome", "shutdown"):
             return HostileLink(http, ws, identity, reply)
+
+
+# ---------------------------------------------------------------- misbehaviour: random weights (finding 3)
+class ServesRandomWeights:
+    """A stage runtime wrapper for a replica that trains honestly but serves random weights.
+
+    Everything reads through to ``inner`` (gradients, steps, shapes), except the weights others
+    see: ``state_dict`` / ``snapshot`` (what ``weights`` answers and weight streams carry, and what
+    its own digest is computed from) return random tensors of the right shapes, fixed per version.
+    ``set_weights`` installs into ``inner``, and it goes on serving random ones. With
+    :func:`claim_honest_digest` its ``stepped`` reports the digest of the honest weights instead:
+    the lie a vote cannot see, which only a follower that checks what it was sent can catch.
+    """
+
+    def __init__(self, inner: Any, seed: int = 666) -> None:
+        self.inner = inner
+        self.seed = seed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def state_dict(self) -> dict:
+        import numpy as np
+
+        rng = np.random.default_rng([self.seed, int(self.inner.version)])
+        return {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in sorted(self.inner.state_dict().items())}
+
+    def snapshot(self) -> tuple[dict, int]:
+        return self.state_dict(), self.inner.version
+
+    def checksum(self) -> float:
+        from engine.swarm.tensor_bundle import checksum
+
+        return checksum(self.state_dict())
+
+
+def claim_honest_digest(node: Any) -> None:
+    """Make ``node`` (a real ``engine.swarm.node.Node`` whose runtime is :class:`ServesRandomWeights`)
+    report in ``stepped`` the checksum and digest of the weights it hides, not of those it serves."""
+    from engine.swarm.tensor_bundle import checksum
+    from engine.swarm.weight_votes import weights_digest
+
+    def honest() -> tuple[float, str]:
+        weights = node.ctx.stage.rt.inner.state_dict()
+        return checksum(weights), weights_digest(weights)
+    node.replicas._fingerprints = honest
