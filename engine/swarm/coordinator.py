@@ -4,9 +4,13 @@ One aiohttp application serves:
 
 * ``/signal`` — the WebRTC signalling relay (``engine.net.signalling``);
 * ``/node`` — each node's control websocket: a signed challenge proves the
-  node's identity, then the coordinator assigns a stage (least-covered first),
+  node's identity and the signed welcome the coordinator's (its own Ed25519 key, kept
+  next to the database; ``swarm_url`` pins it, ``#key=...``); at most
+  ``max_nodes_per_address`` identities per network address are admitted (identities are
+  free, addresses are not); then the coordinator assigns a stage (least-covered first),
   says where to load it from (keep / stage checkpoint / a live replica), and
-  exchanges job messages (``engine.swarm.messages``) with it. A node is a
+  exchanges job messages (``engine.swarm.messages``) with it, every job and micro-batch with
+  a ticket it signs (``engine.swarm.tickets``) that peers check. A node is a
   trainer or, as its signed hello says, an inference replica: inference
   replicas serve generation routes only (training routes, ``apply`` and replica
   checksums use trainers), load from their stage's leader trainer and follow its
@@ -37,19 +41,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import WSMsgType, web
 
 from backends.base import StageSpec
 from engine import __version__
 from engine.model.shard_plan import plan_stages
 from engine.net.errors import AuthenticationError, ProtocolViolation
-from engine.net.identity import peer_id_for, verify_signature
+from engine.net.identity import load_or_create_key_file, peer_id_for, pin_url, verify_signature
 from engine.net.signalling import SignallingServer
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
+from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
 from engine.swarm.run_book import RunBook
@@ -60,6 +66,7 @@ from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.stream_book import StreamBook
+from engine.swarm.tickets import TicketIssuer
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,8 @@ class CoordinatorConfig:
     job_timeout_s: a generation job unanswered this long is re-queued.
     step_timeout_s: a training step unfinished this long is aborted (its rollouts stay).
     tick_s: scheduling period.
+    identity_file: the coordinator's Ed25519 key (0600; created if missing). None: ``<db_path>.ed25519.key``.
+    max_nodes_per_address: most identities admitted at once from one network address.
     """
 
     db_path: str
@@ -90,6 +99,8 @@ class CoordinatorConfig:
     job_timeout_s: float = 60.0
     step_timeout_s: float = 120.0
     tick_s: float = 0.05
+    identity_file: str | None = None
+    max_nodes_per_address: int = 16
 
 
 class Coordinator:
@@ -116,7 +127,9 @@ class Coordinator:
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)
-        self.members = Membership(self.num_stages)
+        self.identity = load_or_create_key_file(Path(config.identity_file or f"{config.db_path}.ed25519.key"))
+        self.public_key_b64 = base64.b64encode(self.identity.public_key).decode()
+        self.members = Membership(self.num_stages, issuer=TicketIssuer(self.identity))
         self.sessions = self.members.sessions  #: peer id -> session of every admitted node
         self.signalling = SignallingServer()
         self.streams = StreamBook()
@@ -135,6 +148,8 @@ class Coordinator:
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
         self.url = ""
+        #: the URL to give nodes: ``url`` pinning this coordinator's key
+        self.swarm_url = ""
         self.started = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -151,6 +166,7 @@ class Coordinator:
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://{self.config.host}:{port}"
+        self.swarm_url = pin_url(self.url, self.identity.public_key)
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick_loop(), name="polis-coord-tick"))
         log.info("coordinator %s serving run %s (version %d) at %s", __version__, self.run_id,
                  self.book.version, self.url)
@@ -215,7 +231,8 @@ class Coordinator:
                                 layer_end=spec.layer_end, num_layers=self.model_config.num_hidden_layers, source=source,
                                 source_peer=source_peer, stage_checkpoint=checkpoint, version=self.book.version,
                                 run=self.run.to_dict(), run_id=self.run_id,
-                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal")
+                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal",
+                                coordinator_key=self.public_key_b64)
 
     # ------------------------------------------------------------------ node sessions
     async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
@@ -223,10 +240,10 @@ class Coordinator:
         await ws.prepare(request)
         session: NodeSession | None = None
         try:
-            hello = await self._authenticate(ws)
-            if hello is None:
+            authenticated = await self._authenticate(ws)
+            if authenticated is None:
                 return ws
-            session = await self._admit(ws, hello)
+            session = await self._admit(ws, *authenticated, address=request.remote or "")
             if session is None:
                 return ws
             strikes = 0
@@ -247,7 +264,8 @@ class Coordinator:
                 await ws.close()
         return ws
 
-    async def _authenticate(self, ws: web.WebSocketResponse) -> messages.Hello | None:
+    async def _authenticate(self, ws: web.WebSocketResponse) -> tuple[messages.Hello, str] | None:
+        """The node's signed hello and the challenge nonce it signed, or None (refused)."""
         nonce = secrets.token_hex(16)
         await ws.send_str(messages.encode(messages.Challenge(nonce=nonce)))
         try:
@@ -264,16 +282,24 @@ class Coordinator:
             log.warning("refused a node: %s", exc)
             await ws.send_str(messages.encode(messages.Shutdown(reason=f"not admitted: {exc}"[:500])))
             return None
-        return hello
+        return hello, nonce
 
-    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
+    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello, nonce: str, *,
+                     address: str) -> NodeSession | None:
         peer_id = hello.peer_id
         old = self.sessions.pop(peer_id, None)
         if old is not None:
             remove_node(self.assignment, peer_id)
             await old.ws.close()
+        if self.members.at_address(address) >= self.config.max_nodes_per_address:
+            self.book.counters["refused_address_cap"] += 1
+            log.warning("refused %s: %d nodes from %s already", peer_id, self.config.max_nodes_per_address, address)
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason=f"not admitted: {self.config.max_nodes_per_address} nodes from your address already; "
+                       f"join from another machine")))
+            return None
         role = hello.role
-        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
+        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role, address=address)
         slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
         # the coordinator owns placement and the version: a hello's stage is advice (see
         # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
@@ -290,6 +316,10 @@ class Coordinator:
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
         welcome = self._welcome(session, stage, hello)
+        if hello.nonce is not None:  # the node's challenge: prove we hold the key it may have pinned
+            signed = welcome_bytes(hello.nonce, nonce, peer_id, self.identity.public_key)
+            welcome = msgspec.structs.replace(
+                welcome, coordinator_signature=base64.b64encode(self.identity.sign(signed)).decode())
         if welcome.source == "checkpoint" and not hello.has_base:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))

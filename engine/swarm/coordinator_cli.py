@@ -78,10 +78,14 @@ async def _serve(args) -> int:
                         "(use --host 0.0.0.0)", args.host)
         url = f"http://{reachable_address(discovery, args.host)}:{url.rsplit(':', 1)[1]}"
         advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
-                                                 signalling_url=url, version=__version__), discovery)
+                                                 signalling_url=url, version=__version__,
+                                                 coordinator_key=coordinator.identity.public_key), discovery)
         await advertiser.start()
-    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.book.version})",
-          flush=True)
+    from engine.net.identity import pin_url
+
+    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.book.version})\n"
+          f"nodes join with: polis node --coordinator '{pin_url(url, coordinator.identity.public_key)}' "
+          f"(the '#key=' part pins this coordinator's key)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,7 +27,7 @@ from msgspec.structs import replace
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.swarm import messages
-from engine.swarm.messages import Act, Drop, Gen, GenParams, Tok
+from engine.swarm.messages import Act, Drop, Gen, GenParams, Ticket, Tok
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import forward_encoded, rect
 
@@ -47,6 +47,7 @@ class _FirstStageJob:
     params: GenParams
     rows: int
     touched: float = field(default_factory=time.monotonic)
+    ticket: Ticket | None = None  #: the coordinator's ticket, copied into every act and drop of the job
 
 
 @dataclass
@@ -89,7 +90,8 @@ class Generation:
         self._spawn(self._tokens(header), header.job, prefix="polis-tok")
 
     def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop), f"polis-drop-{header.job}")
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.ticket),
+                             f"polis-drop-{header.job}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
         self.ctx.tasks.spawn(self._guard(coro, job), f"{prefix}-{job}")
@@ -114,7 +116,7 @@ class Generation:
             raise ProtocolViolation("prompt token id outside the vocabulary")
         if len(self._first) >= MAX_JOBS and msg.job not in self._first:
             raise ProtocolViolation("too many generation jobs in flight")
-        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0])
+        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0], ticket=msg.ticket)
         await self._advance(msg.job, ids)
 
     async def _advance(self, job: str, x: np.ndarray) -> None:
@@ -129,7 +131,7 @@ class Generation:
                                                 ctx.stage.run_cfg.activation_encoding)
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
-                                                 params=state.params), payload)
+                                                 params=state.params, ticket=state.ticket), payload)
 
     async def _hop(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -195,18 +197,18 @@ class Generation:
             del self._first[job]
             await ctx.compute.run(rt.drop, job)
             if len(state.route) > 2:
-                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1))
+                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1, ticket=state.ticket))
             return
         tokens = np.asarray(header.tokens, dtype=np.int64)
         if tokens.max() >= rt.vocab_size:
             raise ProtocolViolation("sampled token id outside the vocabulary")
         await self._advance(job, tokens[:, None])
 
-    async def _drop(self, job: str, route: list[str], hop: int) -> None:
+    async def _drop(self, job: str, route: list[str], hop: int, ticket: Ticket | None) -> None:
         self._mid_touch.pop(job, None)
         await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
         if hop + 1 < len(route) - 1:
-            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1))
+            await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1, ticket=ticket))
 
     # ------------------------------------------------------------------ housekeeping
     def abandon(self) -> None:

@@ -14,6 +14,9 @@ names (by admission order and the replicas' full-weight votes, never by peer id)
 the verdict: ``sync`` (source, version, majority digest) to each outvoted replica, eviction of one that
 stays outvoted or that two followers refused, and a new ``members`` when a stage's leader changed.
 
+Every ``gen``, ``train_in`` and ``train_out`` leaves with a ticket the coordinator signs
+(``engine.swarm.tickets``), so peers act only on routes the coordinator chose.
+
 What it does not know: authentication, stage assignment, scheduling.
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 
 from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
+from engine.swarm.tickets import TicketIssuer
 from engine.swarm.weight_votes import WeightAuthority
 
 log = logging.getLogger(__name__)
@@ -43,15 +47,22 @@ class NodeSession:
     version: int = 0
     joined: float = field(default_factory=time.time)
     role: str = "trainer"  #: "trainer" or "inference" (generation only)
+    address: str = ""  #: the network address it connected from (identities per address are capped)
 
 
 class Membership:
     """Sessions of the nodes admitted to a run of ``num_stages`` stages."""
 
-    def __init__(self, num_stages: int) -> None:
+    def __init__(self, num_stages: int, issuer: TicketIssuer | None = None) -> None:
         self.num_stages = num_stages
         self.sessions: dict[str, NodeSession] = {}
         self.authority = WeightAuthority()
+        #: signs a ticket into every ``gen`` / ``train_in`` / ``train_out`` sent (None: no tickets)
+        self.issuer = issuer
+
+    def at_address(self, address: str) -> int:
+        """Admitted nodes that connected from ``address``."""
+        return sum(1 for s in self.sessions.values() if s.address == address)
 
     def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
         """Ready peers of each stage with ``role`` (None: any), sorted by peer id (``leader`` names the leader)."""
@@ -83,7 +94,9 @@ class Membership:
 
     def leader(self, stage: int) -> str | None:
         """The trainer that leads ``stage`` (checkpoints it, streams to its inference replicas)."""
-        trainers = [(s.joined, s.peer_id) for s in self.sessions.values()
+        # ranked by how many identities share its address (a machine running twenty identities
+        # leads after one running one), then by admission
+        trainers = [((self.at_address(s.address), s.joined), s.peer_id) for s in self.sessions.values()
                     if s.ready and s.stage == stage and s.role == "trainer"]
         return self.authority.leader(stage, trainers)
 
@@ -134,6 +147,8 @@ class Membership:
         session = self.sessions.get(peer_id)
         if session is None or session.ws.closed:
             return False
+        if self.issuer is not None:
+            message = self.issuer.stamp(message)
         try:
             await asyncio.wait_for(session.ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
             return True

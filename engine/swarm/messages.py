@@ -101,6 +101,24 @@ TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
 OpaqueMap = Annotated[dict[str, Any], Meta(max_length=256)]
 
 
+PublicKey = Annotated[str, Meta(min_length=1, max_length=128)]  # base64 raw Ed25519 public key
+Signature = Annotated[str, Meta(min_length=1, max_length=256)]  # base64 Ed25519 signature
+Nonce = Annotated[str, Meta(min_length=16, max_length=128)]  # hex the other side signs
+
+
+class Ticket(WireRecord, frozen=True):
+    """The coordinator's signed word that ``route`` carries job ``job`` (``engine.swarm.tickets``).
+
+    Peers act on an ``act``, ``grad`` or ``drop`` only with a ticket for its job and route whose
+    signature the coordinator's key verifies, so no member can name itself a job's neighbour.
+    """
+
+    job: JobId  # generation job id, or a training micro-batch key (``engine.swarm.training.train_key``)
+    route: Route  # one peer per stage, as the coordinator assigned it
+    expires_s: Annotated[int, Meta(ge=0, le=1 << 40)]  # unix seconds (coordinator clock) it is good until
+    signature: Signature  # by the coordinator's key, over ``engine.swarm.tickets.ticket_bytes``
+
+
 class GenParams(WireRecord, frozen=True):
     """How the last stage samples a generation job (travels with every generation step)."""
 
@@ -115,7 +133,7 @@ class GenParams(WireRecord, frozen=True):
 
 # ---------------------------------------------------------------- coordinator -> node
 class Challenge(WireMessage, frozen=True, tag="challenge"):
-    nonce: Annotated[str, Meta(min_length=16, max_length=128)]  # hex the node signs in its hello
+    nonce: Nonce  # hex the node signs in its hello
 
 
 class Welcome(WireMessage, frozen=True, tag="welcome"):
@@ -131,6 +149,9 @@ class Welcome(WireMessage, frozen=True, tag="welcome"):
     run: OpaqueMap  # RunConfig.to_dict(); rebuilt by engine.swarm.run_config
     run_id: RunId  # the run's id (letters, digits, '-' and '_' only)
     signal_url: Annotated[str, Meta(min_length=1, max_length=2048)]  # signalling websocket URL
+    coordinator_key: PublicKey | None = None  # the coordinator's identity key (tickets are signed by it)
+    # over engine.swarm.coordinator_session.welcome_bytes (the hello's nonce): the coordinator holds that key
+    coordinator_signature: Signature | None = None
 
 
 class Members(WireMessage, frozen=True, tag="members"):
@@ -147,6 +168,7 @@ class Gen(WireMessage, frozen=True, tag="gen"):
     route: Route  # one peer per stage
     prompt_ids: TokenRows  # prompt token ids, one row per sequence
     params: GenParams  # sampling settings
+    ticket: Ticket | None = None  # the job's signed ticket, forwarded with every hop
 
 
 class TrainIn(WireMessage, frozen=True, tag="train_in"):
@@ -155,6 +177,7 @@ class TrainIn(WireMessage, frozen=True, tag="train_in"):
     route: Route  # one peer per stage
     inputs: TokenRows  # input token ids, one row per sequence
     prox: bool = False  # forward only, for the proximal log-probs before the first update
+    ticket: Ticket | None = None  # the micro-batch's signed ticket, forwarded with every hop
 
 
 class TrainOut(WireMessage, frozen=True, tag="train_out"):
@@ -168,6 +191,7 @@ class TrainOut(WireMessage, frozen=True, tag="train_out"):
     normaliser: Annotated[float, Meta(ge=1e-9, le=1e12)]  # divides the summed loss (tokens of the batch)
     prox: bool = False  # forward only: return the log-probs (prox_done), no loss
     proximal: FloatRows | None = None  # proximal log-probs (decoupled PPO's anchor)
+    ticket: Ticket | None = None  # the micro-batch's signed ticket (its gradient goes back with it)
 
 
 class Apply(WireMessage, frozen=True, tag="apply"):
@@ -213,6 +237,7 @@ class Hello(WireMessage, frozen=True, tag="hello"):
     run_id: RunId | None  # run those weights belong to
     has_base: bool  # it has the base checkpoint on disk
     role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
+    nonce: Nonce | None = None  # the node's challenge: the coordinator signs it in the welcome
 
 
 class Ready(WireMessage, frozen=True, tag="ready"):
@@ -333,6 +358,7 @@ class Act(WireMessage, frozen=True, tag="act"):
     step: Step  # optimiser step (0 for generation)
     mb: MicroBatch  # micro-batch index (0 for generation)
     params: GenParams | None = None  # sampling settings (generation)
+    ticket: Ticket | None = None  # the coordinator's ticket for this job and route
 
 
 class Tok(WireMessage, frozen=True, tag="tok"):
@@ -347,6 +373,7 @@ class Drop(WireMessage, frozen=True, tag="drop"):
     job: JobId  # the job whose caches to free
     route: Route  # one peer per stage
     hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
+    ticket: Ticket | None = None  # the coordinator's ticket for this job and route
 
 
 class Grad(WireMessage, frozen=True, tag="grad"):
@@ -358,6 +385,7 @@ class Grad(WireMessage, frozen=True, tag="grad"):
     tensor: TensorHeader  # the gradient's tensor_codec header
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch index
+    ticket: Ticket | None = None  # the coordinator's ticket for this micro-batch and route
 
 
 class Share(WireMessage, frozen=True, tag="share"):

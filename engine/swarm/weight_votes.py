@@ -14,7 +14,8 @@ coordinator's :class:`WeightAuthority` then, per stage:
   lead at once and is evicted when two followers say so (:meth:`WeightAuthority.refused`);
 * names each stage's leader (it checkpoints the stage and streams weights to inference replicas):
   the current one while it is a ready trainer and not in a minority or refused; otherwise the
-  earliest-admitted trainer of the last majority. Never "the smallest peer id", which anyone can
+  best-ranked trainer of the last majority (the coordinator ranks by identities sharing an address,
+  then admission order). Never "the smallest peer id", which anyone can
   win by generating keys.
 
 What it cannot do: out-vote a colluding majority of one stage (out of scope), or catch a replica
@@ -29,6 +30,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -87,8 +89,9 @@ class WeightAuthority:
         #: what the stats API shows: votes, splits, resyncs, evictions, refused transfers
         self.counters: Counter[str] = Counter()
 
-    def leader(self, stage: int, trainers: Sequence[tuple[float, str]]) -> str | None:
-        """The leader of ``stage`` among its ready ``trainers`` given as ``(admitted_at, peer_id)``.
+    def leader(self, stage: int, trainers: Sequence[tuple[Any, str]]) -> str | None:
+        """The leader of ``stage`` among its ready ``trainers`` given as ``(rank, peer_id)`` (lowest
+        rank first: the coordinator ranks by identities at the same address, then admission time).
 
         Preference: the current leader (unless outvoted or refused); else the earliest admitted of
         the last majority that no follower refused; else of the last majority; else of all.

@@ -45,10 +45,13 @@ class HostileLink:
         await self.http.close()
 
 
-async def join(url: str, identity: Identity | None = None, timeout_s: float = 10.0, **hello: Any) -> HostileLink:
-    """Connect to ``url`` (the coordinator's http URL) with a signed hello of ``HONEST_HELLO | hello``."""
+async def join(url: str, identity: Identity | None = None, timeout_s: float = 10.0, local_host: str | None = None,
+               **hello: Any) -> HostileLink:
+    """Connect to ``url`` (the coordinator's http URL) with a signed hello of ``HONEST_HELLO | hello``;
+    ``local_host``: the address to connect from (any of 127.0.0.0/8 on loopback: another "machine")."""
     identity = identity or Identity.generate()
-    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s))
+    connector = aiohttp.TCPConnector(local_addr=(local_host, 0)) if local_host else None
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s), connector=connector)
     ws = await http.ws_connect(url.rstrip("/") + "/node", max_msg_size=messages.MAX_WS_MESSAGE_CHARS)
     challenge = json.loads((await ws.receive(timeout=timeout_s)).data)
     key = identity.public_key
