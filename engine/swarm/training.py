@@ -84,7 +84,16 @@ class Training:
             self._spawn(self._mid(header, x), header.step, header.mb, f"polis-mid-{key}")
 
     def on_grad(self, sender: str, header: Grad, g: np.ndarray) -> None:
-        self._spawn(self._back(header, g), header.step, header.mb, f"polis-back-{header.job}")
+        """Checked here, before any task: a gradient for a micro-batch we did not forward, or along
+        another route than its activations took, is the sender's fault (a strike), not the job's."""
+        key = f"{header.step}:{header.mb}"
+        if key not in self._keys:
+            raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
+        if self._routes.get(key) != list(header.route):
+            raise ProtocolViolation(f"gradient for micro-batch {key} along another route than its activations")
+        self._keys.discard(key)  # claimed now: a second gradient for it is refused the same way
+        self._routes.pop(key, None)
+        self._spawn(self._back(header, g, key), header.step, header.mb, f"polis-back-{header.job}")
 
     def _spawn(self, coro: Coroutine, step: int, mb: int, name: str) -> None:
         self.ctx.tasks.spawn(self._guard(coro, step, mb), name)
@@ -201,15 +210,8 @@ class Training:
         await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb,
                                               ticket=out.ticket), payload)
 
-    async def _back(self, header: Grad, g: np.ndarray) -> None:
+    async def _back(self, header: Grad, g: np.ndarray, key: str) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        key = f"{header.step}:{header.mb}"
-        if key not in self._keys:
-            raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
-        if self._routes.get(key) != list(header.route):
-            raise ProtocolViolation(f"gradient for micro-batch {key} along another route than its activations")
-        self._keys.discard(key)
-        self._routes.pop(key, None)
         grad_in = await ctx.compute.run(rt.train_backward, key, g)
         ctx.counters["microbatches_trained"] += 1
         if ctx.stage.spec.is_first:

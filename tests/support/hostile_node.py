@@ -7,7 +7,8 @@ reply (``welcome`` or ``shutdown``) with the socket still open, so the test can 
 sending whatever the misbehaviour needs. It is a test helper: it never computes anything.
 
 In-process misbehaviours of a real ``engine.swarm.node.Node`` are separate small pieces below
-(each named for what it does): :class:`ServesRandomWeights` / :func:`claim_honest_digest`.
+(each named for what it does): :class:`ServesRandomWeights` / :func:`claim_honest_digest`
+(finding 3), :func:`forged_drop` / :func:`forged_grad` (finding 5).
 
 What it does not know: stages, weights, the node's real pipeline (``engine.swarm.node``).
 """
@@ -112,3 +113,26 @@ def claim_honest_digest(node: Any) -> None:
         weights = node.ctx.stage.rt.inner.state_dict()
         return checksum(weights), weights_digest(weights)
     node.replicas._fingerprints = honest
+
+
+# ---------------------------------------------------------------- misbehaviour: forged routes (finding 5)
+def forged_drop(job: str, route: list[str]) -> Any:
+    """A ``drop`` of someone else's generation job along a ``route`` the sender wrote itself
+    (naming itself the receiver's upstream), with no ticket: it frees that job's KV cache if obeyed."""
+    from engine.swarm import messages
+
+    return messages.Drop(job=job, route=route, hop=len(route) - 1)
+
+
+def forged_grad(job: str, route: list[str], *, step: int, mb: int, rows: int, tokens: int,
+                hidden: int, seed: int = 13) -> tuple[Any, bytes]:
+    """``(header, payload)`` of a ``grad`` of random values for an honest micro-batch, back along a
+    ``route`` that names the sender as the next stage, with no ticket."""
+    import numpy as np
+
+    from engine.swarm import messages
+    from engine.swarm.pipeline_hops import encode_activation
+
+    g = np.random.default_rng(seed).standard_normal((rows, tokens, hidden)).astype(np.float32) * 1e3
+    tensor, payload = encode_activation(g, "fp32")
+    return messages.Grad(job=job, route=route, hop=0, tensor=tensor, step=step, mb=mb), payload
