@@ -13,9 +13,8 @@ coordinator's :class:`WeightAuthority` then, per stage:
   its resyncs); a replica a follower says served weights other than the majority digest loses the
   lead at once and is evicted when two followers say so (:meth:`WeightAuthority.refused`);
 * names each stage's leader (it checkpoints the stage and streams weights to inference replicas):
-  the current one while it is a ready trainer and not in a minority or refused; otherwise the
-  best-ranked trainer of the last majority (the coordinator ranks by identities sharing an address,
-  then admission order). Never "the smallest peer id", which anyone can
+  the best-ranked ready trainer of the last majority that no follower refused (the coordinator
+  ranks by how many identities share its address, then admission order). Never "the smallest peer id", which anyone can
   win by generating keys.
 
 What it cannot do: out-vote a colluding majority of one stage (out of scope), or catch a replica
@@ -93,16 +92,13 @@ class WeightAuthority:
         """The leader of ``stage`` among its ready ``trainers`` given as ``(rank, peer_id)`` (lowest
         rank first: the coordinator ranks by identities at the same address, then admission time).
 
-        Preference: the current leader (unless outvoted or refused); else the earliest admitted of
-        the last majority that no follower refused; else of the last majority; else of all.
+        The best-ranked of the last majority that no follower refused; else of the last majority;
+        else of all. Ranks only change when nodes come and go, so the lead does not flap.
         """
-        ready = {p for _, p in trainers}
         majority = self._majority.get(stage)
-        current = self._leaders.get(stage)
-        if current in ready and current not in self.distrusted and (majority is None or current in majority):
-            return current
         in_majority = [(t, p) for t, p in trainers if not majority or p in majority]
         pool = [(t, p) for t, p in in_majority if p not in self.distrusted] or in_majority or list(trainers)
+        current = self._leaders.get(stage)
         if not pool:
             self._leaders.pop(stage, None)
             return None
