@@ -387,7 +387,9 @@ class Coordinator:
             "lora_rank": self.run.lora.rank if self.run.lora.enabled else None,  # None: full fine-tuning
             "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
-                        "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
+                        "replicas": replicas[i], "inference": inference[i], "leader": self.members.leader(i)}
+                       for i, spec in enumerate(self.specs)],
+            "weight_votes": dict(self.members.authority.counters),  # votes, splits, resyncs, evictions, refusals
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
                        "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
