@@ -8,7 +8,10 @@ only while a stage is loaded. A delta is applied on the compute thread
 (``set_weights`` with the new shadow values, so the served weights equal the
 leader's shadow bit for bit, and the version), then ``served`` goes to the
 coordinator. On a leader change, an out-of-sequence delta or a malformed one
-(a strike against its sender) it fetches full weights first.
+(a strike against its sender) it fetches full weights first; a full load's
+``served`` carries the digest of the weights received, which the coordinator
+checks against its stage's majority (a leader that streams other weights
+loses the lead).
 
 Every inbound stream message is untrusted: it must come from a trainer of our
 stage, name our stage, come from the leader the coordinator named for it in
@@ -33,6 +36,7 @@ from engine.swarm import messages, tensor_bundle
 from engine.swarm.messages import Abort, Apply, Sync, TrainIn, TrainOut, WDelta, Weights, WeightsReq, WLead
 from engine.swarm.node_context import NodeContext
 from engine.swarm.weight_stream import StreamFollower, WeightStreamConfig
+from engine.swarm.weight_votes import weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +90,9 @@ class InferenceReplica:
         await ctx.compute.run(self.follower.reset, source, header.stream, weights, header.version)
         self.stats["full_loads"] += 1
         checksum = await ctx.compute.run(ctx.stage.rt.checksum)
+        digest = await ctx.compute.run(weights_digest, weights)
         await ctx.coordinator.send(messages.Served(version=header.version, checksum=float(checksum), source=source,
-                                                   full=True))
+                                                   full=True, weights_hash=digest))
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_stream_message(self, sender: str, header: WDelta | WLead, payload: bytes) -> None:
@@ -190,18 +195,18 @@ class InferenceReplica:
         if header.stream is None or header.stage != ctx.stage.spec.stage_index:
             self._strike(source, "weights without a stream, or of another stage")
             return
-        version, checksum = await ctx.compute.run(self._reset_from, source, header, payload)
+        version, checksum, digest = await ctx.compute.run(self._reset_from, source, header, payload)
         self.stats["full_loads"] += 1
         log.info("inference replica: full weights of stage %d (version %d) from %s, stream %d",
                  ctx.stage.spec.stage_index, version, source, header.stream)
         await ctx.coordinator.send(messages.Served(version=int(version), checksum=float(checksum), source=source,
-                                                   full=True))
+                                                   full=True, weights_hash=digest))
         ctx.on_status()
 
-    def _reset_from(self, source: str, header: Weights, payload: Any) -> tuple[int, float]:
+    def _reset_from(self, source: str, header: Weights, payload: Any) -> tuple[int, float, str]:
         """Compute thread: install full weights and follow ``source``'s stream from exactly them."""
         rt = self.ctx.stage.rt
         weights = tensor_bundle.unpack(header.tensors, payload, rt.shapes(), require_all=True)
         rt.set_weights(weights, header.version)
         self.follower.reset(source, header.stream, weights, header.version)
-        return rt.version, rt.checksum()
+        return rt.version, rt.checksum(), weights_digest(weights)

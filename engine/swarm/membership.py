@@ -9,7 +9,8 @@ socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that
 (out of every route at once, socket closed).
 
 Weight authority: each stage's leader is the one :class:`~engine.swarm.weight_votes.WeightAuthority`
-names (by admission order and the replicas' full-weight votes, never by peer id); it is announced in
+names (the replicas' full-weight votes; then fewest identities at its address, earliest admitted;
+never by peer id); it is announced in
 ``apply`` and ``members``. :meth:`Membership.check_weights` tallies a step's digests and carries out
 the verdict: ``sync`` (source, version, majority digest) to each outvoted replica, eviction of one that
 stays outvoted or that two followers refused, and a new ``members`` when a stage's leader changed.
@@ -103,7 +104,7 @@ class Membership:
     async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
         """One step's full-weight digests of ``stage``'s trainers: the majority decides (see the module)."""
         before = self.authority.leaders().get(stage)
-        vote = self.authority.vote(stage, digests)
+        vote = self.authority.vote(stage, digests, version)
         for peer, source in vote.resync:
             log.info("replica %s of stage %d is outside the weight majority; resynchronising from %s",
                      peer, stage, source)
@@ -125,6 +126,17 @@ class Membership:
             self._evict(session, "sent weights that two followers found did not match the majority's digest")
         if [self.leader(stage) for stage in range(self.num_stages)] != [before.get(s) for s in range(self.num_stages)]:
             await self.broadcast(version)
+
+    async def served(self, replica: str, stage: int, message: messages.Served, version: int) -> None:
+        """An inference replica's full load: weights from a leader that miss the majority's digest
+        cost the leader the lead (the new leader then streams the replica afresh)."""
+        if message.weights_hash is None or self.authority.served(stage, message.version, message.weights_hash,
+                                                                 message.source):
+            return
+        log.warning("inference replica %s got weights of version %d from %s that miss the majority's digest; "
+                    "%s leads stage %d no more", replica, message.version, message.source, message.source, stage)
+        self.leader(stage)
+        await self.broadcast(version)
 
     async def broadcast(self, version: int) -> None:
         """The ``members`` message to every admitted node."""

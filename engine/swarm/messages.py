@@ -315,6 +315,7 @@ class Served(WireMessage, frozen=True, tag="served"):
     checksum: Checksum  # of its weights
     source: PeerId  # the leader they came from
     full: bool  # a full load (True) or a delta (False)
+    weights_hash: Digest | None = None  # full loads: digest of the weights received (vs the majority's)
 
 
 class WeightsRefused(WireMessage, frozen=True, tag="weights_refused"):

@@ -102,6 +102,10 @@ class NodeReports:
             raise ProtocolViolation("'served' from a trainer")
         session.version = message.version
         self.streams.on_served(session.peer_id, session.stage, message)
+        if message.full and message.weights_hash is not None and session.stage is not None:
+            asyncio.get_running_loop().create_task(
+                self.members.served(session.peer_id, session.stage, message, message.version),
+                name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
         counters = {name: getattr(message, name) for name in message.__struct_fields__}

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 DIGEST_CHARS = 32
 #: most replicas remembered as distrusted (then the memory starts over)
 MAX_DISTRUSTED = 4096
+#: decided digests remembered per stage (an inference replica's full load may lag a few versions)
+KEEP_VERSIONS = 8
 
 
 def weights_digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -81,6 +83,8 @@ class WeightAuthority:
         self._outvoted: Counter[str] = Counter()
         #: replicas a follower refused weights from (they lead only when no one else can)
         self.distrusted: set[str] = set()
+        #: stage -> {version: the majority's digest} of the last ``KEEP_VERSIONS`` decided votes
+        self._decided: dict[int, dict[int, str]] = {}
         #: follower -> the source its last ``sync`` named
         self._asked: dict[str, str] = {}
         #: source -> the followers that refused weights it served
@@ -112,8 +116,8 @@ class WeightAuthority:
         """The leader last named for each stage."""
         return dict(self._leaders)
 
-    def vote(self, stage: int, digests: Mapping[str, str | None]) -> Vote:
-        """Tally one step's ``{peer: digest}`` of ``stage`` (None: a replica that sent no digest)."""
+    def vote(self, stage: int, digests: Mapping[str, str | None], version: int = 0) -> Vote:
+        """Tally one step's ``{peer: digest}`` of ``stage`` at ``version`` (None: a replica that sent no digest)."""
         reported = {p: d for p, d in digests.items() if d}
         if len(reported) < 2:
             return Vote(majority=next(iter(reported.values()), None))
@@ -125,6 +129,9 @@ class WeightAuthority:
             return Vote(majority=None)
         members = sorted(p for p, d in reported.items() if d == top)
         self._majority[stage] = set(members)
+        self._decided.setdefault(stage, {})[version] = top
+        while len(self._decided[stage]) > KEEP_VERSIONS:
+            del self._decided[stage][min(self._decided[stage])]
         leader = self._leaders.get(stage)
         trusted = [p for p in members if p not in self.distrusted]
         resync, evict = [], []
@@ -171,6 +178,19 @@ class WeightAuthority:
         if len(self._refusers[source]) >= 2:
             self.counters["evicted"] += 1
             return True
+        return False
+
+    def served(self, stage: int, version: int, digest: str, source: str) -> bool:
+        """An inference replica loaded full weights of ``version`` from ``source`` that hash to
+        ``digest``; False (and ``source`` loses the lead) when the majority decided otherwise. Like a
+        refusal, a replica's report is not proof, so it costs ``source`` only the lead."""
+        decided = self._decided.get(stage, {}).get(version)
+        if decided is None or decided == digest:
+            return True
+        self.counters["served_mismatch"] += 1
+        self.distrusted.add(source)
+        if self._leaders.get(stage) == source:
+            del self._leaders[stage]
         return False
 
     def forget(self, peer: str) -> None:

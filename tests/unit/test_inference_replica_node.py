@@ -19,6 +19,7 @@ from backends.base import StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.swarm import messages, tensor_bundle
 from engine.swarm.node import Node, NodeConfig
+from engine.swarm.weight_votes import weights_digest
 from tests.support.memory_wire import MemoryWire, RecordingCoordinator
 
 LEAD, OTHER, INF = "lead0000", "lead1111", "zinf0000"  # sorted: the leader first, the replica last
@@ -124,6 +125,7 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         await lead.leader.stream_step(_apply_msg(3))
         await _settle(lead, inf)
         assert _served(inf)[-1].full and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
+        assert _served(inf)[-1].weights_hash == weights_digest(lead.rt.weights)  # checked against the majority
         assert lead.leader.state.has(INF)
 
         # 2. deltas: the replica serves exactly the leader's shadow, one residual behind the trainer

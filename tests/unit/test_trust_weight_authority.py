@@ -81,6 +81,17 @@ def test_a_refusal_counts_only_for_the_sync_sent_and_two_followers_evict():
     assert vote.resync == [("f1", "ok")]  # never sent back to the one it refused
 
 
+def test_an_inference_replicas_full_load_that_misses_the_majority_costs_the_leader_its_lead():
+    auth = WeightAuthority()
+    h, x = "11" * 16, "22" * 16
+    trainers = [(1.0, "lead"), (2.0, "ok1"), (3.0, "ok2")]
+    assert auth.leader(0, trainers) == "lead"
+    auth.vote(0, {"lead": h, "ok1": h, "ok2": h}, version=5)
+    assert auth.served(0, 5, h, "lead") and auth.served(0, 4, x, "lead")  # agrees / no vote to check against
+    assert not auth.served(0, 5, x, "lead") and auth.counters["served_mismatch"] == 1
+    assert auth.leader(0, trainers) == "ok1"
+
+
 # ---------------------------------------------------------------- a 3-replica stage end to end
 class SeededRuntime:
     """A stage runtime that is named fp32 tensors; node ``seed``'s gradient at each version is seeded."""
