@@ -53,9 +53,9 @@ from engine.net.signalling import SignallingServer
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
+from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
-from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
 from engine.swarm.run_book import RunBook

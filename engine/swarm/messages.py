@@ -33,7 +33,8 @@ and of one training micro-batch::
 
 and of the weight stream to inference replicas (``engine.swarm.inference_replica``)::
 
-    stage leader (named by the coordinator in ``apply`` and ``members``) --wdelta--> each inference replica of its stage (after every applied step)
+    stage leader (named by the coordinator in ``apply``, ``members``)
+        --wdelta--> each inference replica of its stage (after every applied step)
     stage leader --streamed--> coordinator (bytes, shadow checksums, quantisation residual)
     inference replica --served--> coordinator (the version it now generates with)
     leader without a stream to a replica --wlead--> it; it answers --weights_req(stream)--> leader

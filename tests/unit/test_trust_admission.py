@@ -27,8 +27,8 @@ SYBIL_HOST = "127.0.0.2"
 
 
 def _coordinator(tmp_path, name: str = "c", **config) -> Coordinator:
-    return Coordinator(CoordinatorConfig(db_path=str(tmp_path / f"{name}.db"), base_checkpoint=str(base_checkpoint_dir()),
-                                         num_stages=2, port=0, **config))
+    return Coordinator(CoordinatorConfig(db_path=str(tmp_path / f"{name}.db"), port=0, num_stages=2,
+                                         base_checkpoint=str(base_checkpoint_dir()), **config))
 
 
 def _run(body, *coordinators: Coordinator):
