@@ -2,9 +2,13 @@
 
 A service of type ``_polis._tcp.local.`` carries TXT properties ``role``
 (``coordinator`` or ``node``), ``peer`` (the advertiser's peer id; a coordinator's
-run id), ``url`` and ``ver`` (the Polis version). A coordinator's ``url`` is its
-base URL, ``http(s)://host:port``, exactly what ``polis node --coordinator``
-takes; a node's may be a signalling URL (``ws://host:port/path``). Whatever
+run id), ``url`` and ``ver`` (the Polis version), and a coordinator's ``key`` (its
+Ed25519 public key, base64url). A coordinator's ``url`` is its base URL,
+``http(s)://host:port``; with its key it makes the pinned URL ``polis node
+--coordinator`` takes (``http://host:port#key=...``: the node then refuses a
+coordinator that cannot prove that key, so nobody can sit between it and the
+advertised one; whoever advertises first is still whom a LAN node joins). A node's
+``url`` may be a signalling URL (``ws://host:port/path``). Whatever
 arrives from the network is untrusted: TXT records are size-checked and parsed
 into a :class:`ServiceAdvert` or dropped with a logged reason; a browse keeps at
 most ``max_services`` answers.
@@ -44,6 +48,7 @@ from zeroconf import IPVersion, ServiceStateChange
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from engine.net.errors import ProtocolViolation
+from engine.net.identity import pin_url, split_pinned_url
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +190,9 @@ class ServiceAdvert:
     peer_id: str
     signalling_url: str
     version: str
+    #: a coordinator's Ed25519 public key (TXT ``key``, base64url): nodes pin it and the coordinator
+    #: must prove it in its welcome, so no one can take over the session of an advertised coordinator
+    coordinator_key: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -194,6 +202,8 @@ class ServiceAdvert:
         if not _VERSION_RE.match(self.version):
             raise ProtocolViolation("version must be 1-32 characters of [0-9A-Za-z.+-]")
         _check_url(self.signalling_url)
+        if self.coordinator_key is not None and len(self.coordinator_key) != 32:
+            raise ProtocolViolation("a coordinator key must be 32 bytes")
 
     @property
     def port(self) -> int:
@@ -202,14 +212,19 @@ class ServiceAdvert:
 
     @property
     def coordinator_url(self) -> str | None:
-        """The base URL to give ``polis node --coordinator`` (a coordinator's http(s) URL), else None."""
+        """The base URL to give ``polis node --coordinator`` (a coordinator's http(s) URL, pinning its
+        key when the advert names one), else None."""
         parts = urlsplit(self.signalling_url)
         if self.role != "coordinator" or parts.scheme not in ("http", "https"):
             return None
-        return self.signalling_url.rstrip("/")
+        url = self.signalling_url.rstrip("/")
+        return url if self.coordinator_key is None else pin_url(url, self.coordinator_key)
 
     def to_properties(self) -> dict[str, str]:
-        return {"role": self.role, "peer": self.peer_id, "url": self.signalling_url, "ver": self.version}
+        props = {"role": self.role, "peer": self.peer_id, "url": self.signalling_url, "ver": self.version}
+        if self.coordinator_key is not None:
+            props["key"] = pin_url("", self.coordinator_key).split("=", 1)[1]
+        return props
 
     @classmethod
     def from_properties(cls, properties: Mapping[Any, Any]) -> "ServiceAdvert":
@@ -227,7 +242,14 @@ class ServiceAdvert:
         missing = {"role", "peer", "url", "ver"} - text.keys()
         if missing:
             raise ProtocolViolation(f"TXT record lacks {sorted(missing)}")
-        return cls(role=text["role"], peer_id=text["peer"], signalling_url=text["url"], version=text["ver"])
+        key = None
+        if "key" in text:
+            try:
+                _, key = split_pinned_url("#key=" + text["key"])
+            except ValueError as exc:
+                raise ProtocolViolation(f"TXT record's key: {exc}") from None
+        return cls(role=text["role"], peer_id=text["peer"], signalling_url=text["url"], version=text["ver"],
+                   coordinator_key=key)
 
 
 def _check_url(url: str) -> None:

@@ -8,7 +8,12 @@ readable only by its owner (mode 0600) in the user data directory, and
 tell the user.
 
 * peer id  = the first 16 hex digits of sha256(raw 32-byte public key);
-* fingerprint = the first 128 bits of that hash, grouped for humans.
+* fingerprint = the first 128 bits of that hash, grouped for humans;
+* a pinned URL (:func:`pin_url` / :func:`split_pinned_url`): a coordinator's URL whose fragment
+  ``#key=<base64url public key>`` names the key the coordinator must prove it holds (the
+  fragment never reaches the server);
+* a service key (:func:`load_or_create_key_file`): a coordinator's own identity, in a 0600 file
+  next to its database (never the OS keyring entry of the machine's node identity).
 
 Keys never reach logs: ``repr``/``str`` show the peer id only and an identity
 refuses to be pickled. This module knows nothing about sockets or signalling;
@@ -18,6 +23,7 @@ callers build their own domain-separated messages to sign.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import logging
 import os
@@ -54,6 +60,32 @@ def fingerprint_for(public_key: bytes) -> str:
     """A human-comparable fingerprint: 8 groups of 4 hex digits."""
     digest = hashlib.sha256(bytes(public_key)).hexdigest()[:32].upper()
     return "-".join(digest[i:i + 4] for i in range(0, 32, 4))
+
+
+PIN_PREFIX = "key="
+
+
+def pin_url(url: str, public_key: bytes) -> str:
+    """``url`` with the fragment that pins ``public_key`` (replacing any fragment it had)."""
+    key = base64.urlsafe_b64encode(bytes(public_key)).decode().rstrip("=")
+    return url.split("#", 1)[0] + "#" + PIN_PREFIX + key
+
+
+def split_pinned_url(url: str) -> tuple[str, bytes | None]:
+    """``(url without its fragment, pinned public key or None)``; a malformed pin raises ValueError."""
+    bare, _, fragment = url.partition("#")
+    if not fragment:
+        return bare, None
+    if not fragment.startswith(PIN_PREFIX):
+        raise ValueError("the swarm URL's '#' part must be 'key=<the coordinator's public key>'")
+    text = fragment[len(PIN_PREFIX):]
+    try:
+        key = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError("the swarm URL's pinned key is not base64url") from exc
+    if len(key) != PUBLIC_KEY_BYTES:
+        raise ValueError(f"the swarm URL's pinned key must be {PUBLIC_KEY_BYTES} bytes")
+    return bare, key
 
 
 def verify_signature(public_key: bytes, message: bytes, signature: bytes) -> None:
@@ -191,6 +223,13 @@ def _file_identity(path: Path, reason: str) -> Identity:
     log.info("identity %s %s from file %s (%s)", identity.peer_id, "created" if created else "loaded",
              path, reason)
     return identity
+
+
+def load_or_create_key_file(path: Path, what: str = "coordinator") -> Identity:
+    """A service's identity kept in the 0600 file ``path`` (created on first use)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _file_identity(path, f"The {what} keeps its own key.")
 
 
 def load_or_create_identity(config: IdentityStoreConfig | None = None) -> Identity:

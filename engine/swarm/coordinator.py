@@ -4,9 +4,13 @@ One aiohttp application serves:
 
 * ``/signal`` — the WebRTC signalling relay (``engine.net.signalling``);
 * ``/node`` — each node's control websocket: a signed challenge proves the
-  node's identity, then the coordinator assigns a stage (least-covered first),
+  node's identity and the signed welcome the coordinator's (its own Ed25519 key, kept
+  next to the database; ``swarm_url`` pins it, ``#key=...``); at most
+  ``max_nodes_per_address`` identities per network address are admitted (identities are
+  free, addresses are not); then the coordinator assigns a stage (least-covered first),
   says where to load it from (keep / stage checkpoint / a live replica), and
-  exchanges job messages (``engine.swarm.messages``) with it. A node is a
+  exchanges job messages (``engine.swarm.messages``) with it, every job and micro-batch with
+  a ticket it signs (``engine.swarm.tickets``) that peers check. A node is a
   trainer or, as its signed hello says, an inference replica: inference
   replicas serve generation routes only (training routes, ``apply`` and replica
   checksums use trainers), load from their stage's leader trainer and follow its
@@ -37,18 +41,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import WSMsgType, web
 
 from backends.base import StageSpec
 from engine import __version__
 from engine.model.shard_plan import plan_stages
 from engine.net.errors import AuthenticationError, ProtocolViolation
-from engine.net.identity import peer_id_for, verify_signature
+from engine.net.identity import load_or_create_key_file, peer_id_for, pin_url, verify_signature
 from engine.net.signalling import SignallingServer
 from engine.rl.run_task import make_run_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
+from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
@@ -61,6 +67,7 @@ from engine.swarm.stage_loading import base_dir
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store, StoreUnavailable
 from engine.swarm.stream_book import StreamBook
+from engine.swarm.tickets import TicketIssuer
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,8 @@ class CoordinatorConfig:
     job_timeout_s: a generation job unanswered this long is re-queued.
     step_timeout_s: a training step unfinished this long is aborted (its rollouts stay).
     tick_s: scheduling period.
+    identity_file: the coordinator's Ed25519 key (0600; created if missing). None: ``<db_path>.ed25519.key``.
+    max_nodes_per_address: most identities admitted at once from one network address.
     """
 
     db_path: str
@@ -91,6 +100,8 @@ class CoordinatorConfig:
     job_timeout_s: float = 60.0
     step_timeout_s: float = 120.0
     tick_s: float = 0.05
+    identity_file: str | None = None
+    max_nodes_per_address: int = 16
 
 
 class Coordinator:
@@ -117,7 +128,9 @@ class Coordinator:
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)
-        self.members = Membership(self.num_stages)
+        self.identity = load_or_create_key_file(Path(config.identity_file or f"{config.db_path}.ed25519.key"))
+        self.public_key_b64 = base64.b64encode(self.identity.public_key).decode()
+        self.members = Membership(self.num_stages, issuer=TicketIssuer(self.identity))
         self.sessions = self.members.sessions  #: peer id -> session of every admitted node
         self.signalling = SignallingServer()
         self.streams = StreamBook()
@@ -137,6 +150,8 @@ class Coordinator:
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
         self.url = ""
+        #: the URL to give nodes: ``url`` pinning this coordinator's key
+        self.swarm_url = ""
         self.started = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -153,6 +168,7 @@ class Coordinator:
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://{self.config.host}:{port}"
+        self.swarm_url = pin_url(self.url, self.identity.public_key)
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick_loop(), name="polis-coord-tick"))
         log.info("coordinator %s serving run %s (version %d) at %s", __version__, self.run_id,
                  self.book.version, self.url)
@@ -197,14 +213,14 @@ class Coordinator:
         asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
 
     async def _broadcast_members(self) -> None:
-        message = self.members.members_message(self.book.version)
-        for peer in list(self.sessions):
-            await self.members.send(peer, message)
+        await self.members.broadcast(self.book.version)
 
     def _welcome(self, session: NodeSession, stage: int, hello: messages.Hello | None) -> messages.Welcome:
         """The ``welcome`` to a node now serving ``stage`` (``hello``: what it held, None when moved)."""
         spec = self.specs[stage]
-        trainers = [p for p in self.members.stage_replicas()[stage] if p != session.peer_id]
+        leader = self.members.leader(stage)
+        trainers = sorted((p for p in self.members.stage_replicas()[stage] if p != session.peer_id),
+                          key=lambda p: p != leader)  # the named leader first: it streams to inference
         ready = trainers or [p for p in self.members.inference_replicas()[stage] if p != session.peer_id]
         keep = (hello is not None and hello.stage == stage and hello.num_stages == self.num_stages
                 and hello.run_id == self.run_id and hello.version == self.book.version)
@@ -223,7 +239,8 @@ class Coordinator:
                                 layer_end=spec.layer_end, num_layers=self.model_config.num_hidden_layers, source=source,
                                 source_peer=source_peer, stage_checkpoint=checkpoint, version=self.book.version,
                                 run=self.run.to_dict(), run_id=self.run_id,
-                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal")
+                                signal_url=self.url.replace("http://", "ws://", 1) + "/signal",
+                                coordinator_key=self.public_key_b64)
 
     # ------------------------------------------------------------------ node sessions
     async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
@@ -231,10 +248,10 @@ class Coordinator:
         await ws.prepare(request)
         session: NodeSession | None = None
         try:
-            hello = await self._authenticate(ws)
-            if hello is None:
+            authenticated = await self._authenticate(ws)
+            if authenticated is None:
                 return ws
-            session = await self._admit(ws, hello)
+            session = await self._admit(ws, *authenticated, address=request.remote or "")
             if session is None:
                 return ws
             strikes = 0
@@ -258,7 +275,8 @@ class Coordinator:
                 await ws.close()
         return ws
 
-    async def _authenticate(self, ws: web.WebSocketResponse) -> messages.Hello | None:
+    async def _authenticate(self, ws: web.WebSocketResponse) -> tuple[messages.Hello, str] | None:
+        """The node's signed hello and the challenge nonce it signed, or None (refused)."""
         nonce = secrets.token_hex(16)
         await ws.send_str(messages.encode(messages.Challenge(nonce=nonce)))
         try:
@@ -275,9 +293,10 @@ class Coordinator:
             log.warning("refused a node: %s", exc)
             await ws.send_str(messages.encode(messages.Shutdown(reason=f"not admitted: {exc}"[:500])))
             return None
-        return hello
+        return hello, nonce
 
-    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello) -> NodeSession | None:
+    async def _admit(self, ws: web.WebSocketResponse, hello: messages.Hello, nonce: str, *,
+                     address: str) -> NodeSession | None:
         peer_id = hello.peer_id
         banned_s = self.members.banned_for(peer_id)
         if banned_s > 0:
@@ -289,8 +308,15 @@ class Coordinator:
         if old is not None:
             remove_node(self.assignment, peer_id)
             await old.ws.close()
+        if self.members.at_address(address) >= self.config.max_nodes_per_address:
+            self.book.counters["refused_address_cap"] += 1
+            log.warning("refused %s: %d nodes from %s already", peer_id, self.config.max_nodes_per_address, address)
+            await ws.send_str(messages.encode(messages.Shutdown(
+                reason=f"not admitted: {self.config.max_nodes_per_address} nodes from your address already; "
+                       f"join from another machine")))
+            return None
         role = hello.role
-        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role)
+        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role, address=address)
         slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
         # the coordinator owns placement and the version: a hello's stage is advice (see
         # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
@@ -312,6 +338,10 @@ class Coordinator:
             await ws.send_str(messages.encode(messages.Shutdown(reason=lost[:500])))
             remove_node(self.assignment, peer_id)
             return None
+        if hello.nonce is not None:  # the node's challenge: prove we hold the key it may have pinned
+            signed = welcome_bytes(hello.nonce, nonce, peer_id, self.identity.public_key)
+            welcome = msgspec.structs.replace(
+                welcome, coordinator_signature=base64.b64encode(self.identity.sign(signed)).decode())
         if welcome.source == "checkpoint" and not hello.has_base:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="no copy of the model here and no replica to fetch it from; try again when a replica is up")))
@@ -334,6 +364,7 @@ class Coordinator:
         del self.sessions[session.peer_id]
         remove_node(self.assignment, session.peer_id)
         self.streams.forget(session.peer_id)
+        self.members.authority.forget(session.peer_id)
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.generation.on_node_lost(session.peer_id)
         self.steps.on_node_lost(session.peer_id)
@@ -394,7 +425,9 @@ class Coordinator:
             "lora_rank": self.run.lora.rank if self.run.lora.enabled else None,  # None: full fine-tuning
             "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
             "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
-                        "replicas": replicas[i], "inference": inference[i]} for i, spec in enumerate(self.specs)],
+                        "replicas": replicas[i], "inference": inference[i], "leader": self.members.leader(i)}
+                       for i, spec in enumerate(self.specs)],
+            "weight_votes": dict(self.members.authority.counters),  # votes, splits, resyncs, evictions, refusals
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
                        "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token-file", default=None,
                         help="write the admin token (for POST /api/eval, /api/finish) to this file")
     parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
+    parser.add_argument("--max-nodes-per-address", type=int, default=16,
+                        help="most node identities admitted from one network address (identities are free)")
     parser.add_argument("--job-timeout-s", type=float, default=60.0,
                         help="re-queue a generation job unanswered this long (default 60; a real model on a CPU "
                              "needs minutes)")
@@ -52,7 +54,8 @@ def build_config(args):
         run = replace(run, seed=args.seed)
     return CoordinatorConfig(db_path=args.db, base_checkpoint=args.checkpoint or str(base_checkpoint_dir()),
                              host=args.host, port=args.port, num_stages=args.stages, run=run,
-                             job_timeout_s=args.job_timeout_s, step_timeout_s=args.step_timeout_s)
+                             job_timeout_s=args.job_timeout_s, step_timeout_s=args.step_timeout_s,
+                             max_nodes_per_address=args.max_nodes_per_address)
 
 
 async def _serve(args) -> int:
@@ -78,10 +81,14 @@ async def _serve(args) -> int:
                         "(use --host 0.0.0.0)", args.host)
         url = f"http://{reachable_address(discovery, args.host)}:{url.rsplit(':', 1)[1]}"
         advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
-                                                 signalling_url=url, version=__version__), discovery)
+                                                 signalling_url=url, version=__version__,
+                                                 coordinator_key=coordinator.identity.public_key), discovery)
         await advertiser.start()
-    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.book.version})",
-          flush=True)
+    from engine.net.identity import pin_url
+
+    print(f"coordinator listening on {url} (run {coordinator.run_id}, version {coordinator.book.version})\n"
+          f"nodes join with: polis node --coordinator '{pin_url(url, coordinator.identity.public_key)}' "
+          f"(the '#key=' part pins this coordinator's key)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,6 +6,13 @@ coordinator's ``/node`` websocket, answers the challenge with a signed hello
 (:func:`hello_bytes`), waits for the welcome and hands it to ``on_welcome``
 (loading runs on its own task, so heartbeats are answered during a long load),
 then passes every validated message to ``on_message`` until the socket closes.
+The coordinator proves its identity too: the hello carries the node's own nonce, and the
+welcome the coordinator's public key and its signature over :func:`welcome_bytes`. A
+URL that pins a key (``http://host:port/#key=...``, ``engine.net.identity.pin_url``)
+makes the node refuse any coordinator that cannot prove that key; without a pin the
+first proven key is kept for the life of the session object (trust on first use).
+A key that comes without a valid signature is always refused. The proven key
+(:attr:`CoordinatorSession.coordinator_key`) verifies the job tickets peers show.
 If the coordinator goes away (or the node is paused) it calls ``on_lost`` and,
 unless stopped or paused, tries again after a backoff that doubles up to
 ``reconnect_max_s``. Links to other nodes are not its business and survive.
@@ -17,14 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
 
-from engine.net.errors import ProtocolViolation
-from engine.net.identity import Identity
+from engine.net.errors import AuthenticationError, ProtocolViolation
+from engine.net.identity import Identity, split_pinned_url, verify_signature
 from engine.swarm import messages
 from engine.swarm.node_context import TaskSpawner
 
@@ -33,6 +42,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M")
 
 HELLO_DOMAIN = b"polis-node-hello\x00"
+WELCOME_DOMAIN = b"polis-coordinator-welcome\x00"
 #: longest wait for the coordinator's next handshake message (seconds)
 HANDSHAKE_TIMEOUT_S = 30.0
 #: longest one message to the coordinator may take to send (seconds)
@@ -47,6 +57,12 @@ def hello_bytes(nonce: str, public_key: bytes) -> bytes:
     return HELLO_DOMAIN + nonce.encode() + b"\x00" + public_key
 
 
+def welcome_bytes(node_nonce: str, challenge_nonce: str, peer_id: str, coordinator_key: bytes) -> bytes:
+    """What a coordinator signs in a welcome to prove its identity to the node ``peer_id``."""
+    return (WELCOME_DOMAIN + node_nonce.encode() + b"\x00" + challenge_nonce.encode() + b"\x00"
+            + peer_id.encode() + b"\x00" + coordinator_key)
+
+
 class CoordinatorSession:
     """One node's connection to its coordinator; see the module docstring."""
 
@@ -58,7 +74,10 @@ class CoordinatorSession:
                  while_connected: Callable[[], Coroutine[Any, Any, None]],
                  emit: Callable[..., None], set_state: Callable[[str, str], None],
                  reconnect_max_s: float = 10.0) -> None:
-        self.url = url
+        #: the URL without its pin, and the key it pins (None: trust the first key proven)
+        self.url, self.pinned_key = split_pinned_url(url)
+        #: the coordinator key the last welcome proved (None until then, or from a coordinator without one)
+        self.coordinator_key: bytes | None = None
         self.identity = identity
         self.tasks = tasks
         self.hello_fields = hello_fields
@@ -102,6 +121,11 @@ class CoordinatorSession:
                           message=f"Cannot reach the coordinator ({exc.__class__.__name__}); retrying.")
             except ProtocolViolation as exc:
                 log.warning("coordinator sent something invalid: %s", exc)
+            except AuthenticationError as exc:
+                log.error("refusing the coordinator at %s: %s", self.url, exc)
+                self.emit("error", message=f"The coordinator at {self.url} could not prove its identity: {exc}",
+                          hint="Check the swarm link (its '#key=' part names the coordinator's key); "
+                               "not joining until a coordinator proves it.", fatal=False)
             on_lost()
             if stop.is_set():
                 break
@@ -121,8 +145,11 @@ class CoordinatorSession:
             async with http.ws_connect(url, max_msg_size=messages.MAX_WS_MESSAGE_CHARS,
                                        heartbeat=HEARTBEAT_S) as ws:
                 challenge = await self._recv(ws, messages.Challenge)
-                await asyncio.wait_for(ws.send_str(messages.encode(self._hello(challenge.nonce))), SEND_TIMEOUT_S)
+                own_nonce = secrets.token_hex(16)
+                await asyncio.wait_for(ws.send_str(messages.encode(self._hello(challenge.nonce, own_nonce))),
+                                       SEND_TIMEOUT_S)
                 welcome = await self._recv(ws, messages.Welcome)
+                self._check_coordinator(welcome, own_nonce, challenge.nonce)
                 self._ws = ws
                 side = [self.tasks.spawn(self.on_welcome(welcome), "polis-node-load"),
                         self.tasks.spawn(self.while_connected(), "polis-node-report"),
@@ -166,9 +193,26 @@ class CoordinatorSession:
                 raise ProtocolViolation(f"expected '{name}', got '{data.__struct_config__.tag}'")
             return data
 
-    def _hello(self, nonce: str) -> messages.Hello:
+    def _hello(self, nonce: str, own_nonce: str) -> messages.Hello:
         identity = self.identity
         return messages.Hello(
             peer_id=identity.peer_id, public_key=base64.b64encode(identity.public_key).decode(),
             signature=base64.b64encode(identity.sign(hello_bytes(nonce, identity.public_key))).decode(),
-            **self.hello_fields())
+            nonce=own_nonce, **self.hello_fields())
+
+    def _check_coordinator(self, welcome: messages.Welcome, own_nonce: str, challenge_nonce: str) -> None:
+        """Raise ``AuthenticationError`` unless the welcome proves the key we pinned (or first saw)."""
+        if welcome.coordinator_key is None:
+            if self.pinned_key is not None or self.coordinator_key is not None:
+                raise AuthenticationError("its welcome names no key, but this node expects one")
+            return  # a coordinator without a key (tickets are then not checked)
+        try:
+            key = base64.b64decode(welcome.coordinator_key, validate=True)
+            signature = base64.b64decode(welcome.coordinator_signature or "", validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise AuthenticationError("its key or signature is not base64") from exc
+        expected = self.pinned_key or self.coordinator_key
+        if expected is not None and key != expected:
+            raise AuthenticationError("it holds another key than the one this node trusts")
+        verify_signature(key, welcome_bytes(own_nonce, challenge_nonce, self.identity.peer_id, key), signature)
+        self.coordinator_key = key

@@ -130,8 +130,9 @@ def _post(url: str, token: str) -> dict[str, Any]:
 
 def coordinator_argv(run_dir: Path, port: int, *, stages: int = DEFAULT_STAGES, checkpoint: str | None = None,
                      max_versions: int = 0, settings: list[str] | tuple[str, ...] = (),
-                     real_model: bool = False) -> list[str]:
-    """The demo coordinator's ``polis`` arguments (the recipe of every demo run)."""
+                     real_model: bool = False, nodes: int = 0) -> list[str]:
+    """The demo coordinator's ``polis`` arguments (the recipe of every demo run); ``nodes`` on this
+    machine beyond the coordinator's per-address cap (16) raise it."""
     argv = ["-v", "coordinator", "--db", str(run_dir / "coordinator.db"), "--port", str(port),
             "--stages", str(stages), "--admin-token-file", str(run_dir / "admin-token")]
     if real_model:  # a 64-row job of 48 tokens takes ~45 s alone on 2 cores, two in flight twice that
@@ -140,6 +141,8 @@ def coordinator_argv(run_dir: Path, port: int, *, stages: int = DEFAULT_STAGES, 
         argv += ["--checkpoint", checkpoint]
     if max_versions:
         argv += ["--max-versions", str(max_versions)]
+    if nodes > 16:
+        argv += ["--max-nodes-per-address", str(nodes)]
     for item in settings:
         argv += ["--set", item]
     return argv
@@ -243,7 +246,8 @@ class DemoSwarm:
         a = self.args
         self.group.spawn("coordinator", coordinator_argv(self.run_dir, self.port, stages=a.stages,
                                                          checkpoint=a.checkpoint, max_versions=a.max_versions,
-                                                         settings=a.set, real_model=bool(a.model)))
+                                                         settings=a.set, real_model=bool(a.model),
+                                                         nodes=a.stages * a.replicas))
         deadline = time.monotonic() + 60
         while not coordinator_alive(self.url):
             if time.monotonic() > deadline or self.procs[0].poll() is not None:

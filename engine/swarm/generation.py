@@ -37,7 +37,7 @@ from msgspec.structs import replace
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.swarm import messages
-from engine.swarm.messages import Act, Drop, Gen, GenParams, GenRelease, Tok
+from engine.swarm.messages import Act, Drop, Gen, GenParams, GenRelease, Ticket, Tok
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import forward_encoded, rect
 
@@ -59,6 +59,7 @@ class _FirstStageJob:
     params: GenParams
     rows: int
     touched: float = field(default_factory=time.monotonic)
+    ticket: Ticket | None = None  #: the coordinator's ticket, copied into every act and drop of the job
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Generation:
         self._cached: dict[str, int] = {}  #: job -> tokens this stage's cache of it holds
         self._turn: dict[str, int] = {}  #: job -> the turn this stage last ran a step of
         self._kept: dict[str, float] = {}  #: jobs whose cache waits for a next turn -> when kept
+        self._kept_tickets: dict[str, Ticket | None] = {}  #: those jobs -> their last turn's ticket
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_gen(self, msg: Gen) -> None:
@@ -104,7 +106,7 @@ class Generation:
         self._spawn(self._tokens(header), header.job, prefix="polis-tok")
 
     def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.through_last),
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.ticket, header.through_last),
                              f"polis-drop-{header.job}")
 
     def on_release(self, msg: GenRelease) -> None:
@@ -114,11 +116,12 @@ class Generation:
         if msg.route[0] != self.ctx.peer_id:
             log.warning("ignored gen_release of %s: this node is not the first stage of its route", msg.job)
             return
+        ticket = self._kept_tickets.get(msg.job)  # the last turn's ticket: the next stages check it
         self._forget(msg.job)
         self.ctx.compute.submit(self.ctx.stage.rt.drop, msg.job)
         if len(msg.route) > 1:
             self.ctx.tasks.spawn(self.ctx.peers.send(msg.route[1], Drop(job=msg.job, route=msg.route, hop=1,
-                                                                          through_last=True)),
+                                                                          through_last=True, ticket=ticket)),
                                  f"polis-release-{msg.job}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
@@ -152,15 +155,16 @@ class Generation:
             self._cached[job] = held
         self._cached[job] = self._cached.get(job, 0) + int(x.shape[1])
 
-    def _keep(self, job: str) -> None:
+    def _keep(self, job: str, ticket: Ticket | None = None) -> None:
         self._kept[job] = time.monotonic()
+        self._kept_tickets[job] = ticket
         while len(self._kept) > MAX_KEPT_CACHES:
             oldest = min(self._kept, key=self._kept.__getitem__)
             self._forget(oldest)
             self.ctx.compute.submit(self.ctx.stage.rt.drop, oldest)
 
     def _forget(self, job: str) -> None:
-        for book in (self._cached, self._turn, self._kept, self._mid_touch):
+        for book in (self._cached, self._turn, self._kept, self._kept_tickets, self._mid_touch):
             book.pop(job, None)
 
     # ------------------------------------------------------------------ steps
@@ -180,7 +184,7 @@ class Generation:
                 raise ProtocolViolation("a turn of this generation job is still running")
             del self._first[msg.job]  # its end (tok done) is still on its way; the coordinator has the result
         await self._enter(msg.job, msg.params, ids)
-        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0])
+        self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0], ticket=msg.ticket)
         await self._advance(msg.job, ids, counted=True)
 
     async def _advance(self, job: str, x: np.ndarray, counted: bool = False) -> None:
@@ -197,7 +201,7 @@ class Generation:
                                                 ctx.stage.run_cfg.activation_encoding)
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
-                                                 params=state.params), payload)
+                                                 params=state.params, ticket=state.ticket), payload)
 
     async def _hop(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -269,26 +273,27 @@ class Generation:
         if header.done:
             del self._first[job]
             if state.params.keep_cache:
-                self._keep(job)
+                self._keep(job, state.ticket)
                 return
             self._forget(job)
             await ctx.compute.run(rt.drop, job)
             if len(state.route) > 2:
-                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1))
+                await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1, ticket=state.ticket))
             return
         tokens = np.asarray(header.tokens, dtype=np.int64)
         if tokens.max() >= rt.vocab_size:
             raise ProtocolViolation("sampled token id outside the vocabulary")
         await self._advance(job, tokens[:, None])
 
-    async def _drop(self, job: str, route: list[str], hop: int, through_last: bool = False) -> None:
+    async def _drop(self, job: str, route: list[str], hop: int, ticket: Ticket | None,
+                    through_last: bool = False) -> None:
         if job in self._last:
             return  # a new turn of it is running here
         self._forget(job)
         await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
         if hop + 1 < len(route) - (0 if through_last else 1):
             await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1,
-                                                           through_last=through_last))
+                                                           through_last=through_last, ticket=ticket))
 
     # ------------------------------------------------------------------ housekeeping
     def abandon(self) -> None:
@@ -296,7 +301,7 @@ class Generation:
         jobs = set(self._first) | set(self._last) | set(self._mid_touch) | set(self._cached)
         self._first.clear()
         self._last.clear()
-        for book in (self._cached, self._turn, self._kept, self._mid_touch):
+        for book in (self._cached, self._turn, self._kept, self._kept_tickets, self._mid_touch):
             book.clear()
         for job in jobs:
             self.ctx.compute.submit(self.ctx.stage.rt.drop, job)

@@ -8,10 +8,15 @@ only while a stage is loaded. A delta is applied on the compute thread
 (``set_weights`` with the new shadow values, so the served weights equal the
 leader's shadow bit for bit, and the version), then ``served`` goes to the
 coordinator. On a leader change, an out-of-sequence delta or a malformed one
-(a strike against its sender) it fetches full weights first.
+(a strike against its sender) it fetches full weights first; a full load's
+``served`` carries the digest of the weights received, which the coordinator
+checks against its stage's majority (a leader that streams other weights
+loses the lead).
 
 Every inbound stream message is untrusted: it must come from a trainer of our
-stage, name our stage, and pass the follower's checks (names, shapes, dtype,
+stage, name our stage, come from the leader the coordinator named for it in
+``members`` (any other sender is ignored and counted in ``not_leader``: before
+that, the smallest id or any trainer could take a replica over), and pass the follower's checks (names, shapes, dtype,
 size cap, finite sums). The state machine is
 ``engine.swarm.weight_stream.StreamFollower``; the leader side is
 ``engine.swarm.weight_stream_leader``. What it does not know: generation or
@@ -31,6 +36,7 @@ from engine.swarm import messages, tensor_bundle
 from engine.swarm.messages import Abort, Apply, Sync, TrainIn, TrainOut, WDelta, Weights, WeightsReq, WLead
 from engine.swarm.node_context import NodeContext
 from engine.swarm.weight_stream import StreamFollower, WeightStreamConfig
+from engine.swarm.weight_votes import weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ class InferenceReplica:
         self._loaded = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._handling = False
-        self.stats = {"deltas_applied": 0, "full_loads": 0, "resyncs": 0, "dropped": 0}
+        self.stats = {"deltas_applied": 0, "full_loads": 0, "resyncs": 0, "dropped": 0, "not_leader": 0}
 
     def idle(self) -> bool:
         """Nothing queued and nothing being applied or fetched."""
@@ -84,8 +90,9 @@ class InferenceReplica:
         await ctx.compute.run(self.follower.reset, source, header.stream, weights, header.version)
         self.stats["full_loads"] += 1
         checksum = await ctx.compute.run(ctx.stage.rt.checksum)
+        digest = await ctx.compute.run(weights_digest, weights)
         await ctx.coordinator.send(messages.Served(version=header.version, checksum=float(checksum), source=source,
-                                                   full=True))
+                                                   full=True, weights_hash=digest))
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_stream_message(self, sender: str, header: WDelta | WLead, payload: bytes) -> None:
@@ -132,6 +139,11 @@ class InferenceReplica:
         if header.stage != stage or sender not in ctx.stage_members() or sender in ctx.membership.inference:
             self._strike(sender, f"'{_kind(header)}' for stage {header.stage} from a peer that does not train "
                                  f"stage {stage}")
+            return
+        if sender != ctx.membership.leader_of(stage):
+            self.stats["not_leader"] += 1
+            log.info("ignored '%s' from %s: the coordinator named %s to lead stage %d", _kind(header), sender,
+                     ctx.membership.leader_of(stage), stage)
             return
         action = self.follower.decide(sender, _kind(header), header.version, getattr(header, "stream", None))
         if action == StreamFollower.IGNORE:
@@ -183,18 +195,18 @@ class InferenceReplica:
         if header.stream is None or header.stage != ctx.stage.spec.stage_index:
             self._strike(source, "weights without a stream, or of another stage")
             return
-        version, checksum = await ctx.compute.run(self._reset_from, source, header, payload)
+        version, checksum, digest = await ctx.compute.run(self._reset_from, source, header, payload)
         self.stats["full_loads"] += 1
         log.info("inference replica: full weights of stage %d (version %d) from %s, stream %d",
                  ctx.stage.spec.stage_index, version, source, header.stream)
         await ctx.coordinator.send(messages.Served(version=int(version), checksum=float(checksum), source=source,
-                                                   full=True))
+                                                   full=True, weights_hash=digest))
         ctx.on_status()
 
-    def _reset_from(self, source: str, header: Weights, payload: Any) -> tuple[int, float]:
+    def _reset_from(self, source: str, header: Weights, payload: Any) -> tuple[int, float, str]:
         """Compute thread: install full weights and follow ``source``'s stream from exactly them."""
         rt = self.ctx.stage.rt
         weights = tensor_bundle.unpack(header.tensors, payload, rt.shapes(), require_all=True)
         rt.set_weights(weights, header.version)
         self.follower.reset(source, header.stream, weights, header.version)
-        return rt.version, rt.checksum()
+        return rt.version, rt.checksum(), weights_digest(weights)

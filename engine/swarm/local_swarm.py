@@ -99,7 +99,9 @@ async def host_local_coordinator(args, lan: bool, discovery=None) -> tuple[Hoste
         port = int(url.rsplit(":", 1)[1])
         url = f"http://{reachable_address(discovery, listen)}:{port}"
         hosted.advertiser = LanAdvertiser(ServiceAdvert(role="coordinator", peer_id=coordinator.run_id,
-                                                        signalling_url=url, version=__version__), discovery)
+                                                        signalling_url=url, version=__version__,
+                                                        coordinator_key=coordinator.identity.public_key),
+                                          discovery)
         await hosted.advertiser.start()
     except BaseException:
         await hosted.stop()

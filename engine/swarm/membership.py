@@ -10,7 +10,17 @@ socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that
 (``evict``). An evicted peer id is refused for ``EVICTION_BAN_S`` (``banned_for``), so a node
 that keeps failing the same way costs the run one eviction per ban, not one per reconnect.
 
-What it does not know: authentication, stage assignment, scheduling, messages' meaning.
+Weight authority: each stage's leader is the one :class:`~engine.swarm.weight_votes.WeightAuthority`
+names (the replicas' full-weight votes; then fewest identities at its address, earliest admitted;
+never by peer id); it is announced in
+``apply`` and ``members``. :meth:`Membership.check_weights` tallies a step's digests and carries out
+the verdict: ``sync`` (source, version, majority digest) to each outvoted replica, eviction of one that
+stays outvoted or that two followers refused, and a new ``members`` when a stage's leader changed.
+
+Every ``gen``, ``train_in`` and ``train_out`` leaves with a ticket the coordinator signs
+(``engine.swarm.tickets``), so peers act only on routes the coordinator chose.
+
+What it does not know: authentication, stage assignment, scheduling.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from typing import Any
 
 from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
+from engine.swarm.tickets import TicketIssuer
+from engine.swarm.weight_votes import WeightAuthority
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +55,26 @@ class NodeSession:
     version: int = 0
     joined: float = field(default_factory=time.time)
     role: str = "trainer"  #: "trainer" or "inference" (generation only)
+    address: str = ""  #: the network address it connected from (identities per address are capped)
 
 
 class Membership:
     """Sessions of the nodes admitted to a run of ``num_stages`` stages."""
 
-    def __init__(self, num_stages: int) -> None:
+    def __init__(self, num_stages: int, issuer: TicketIssuer | None = None) -> None:
         self.num_stages = num_stages
         self.sessions: dict[str, NodeSession] = {}
         self._banned_until: dict[str, float] = {}  #: peer id -> monotonic time its ban ends
+        self.authority = WeightAuthority()
+        #: signs a ticket into every ``gen`` / ``train_in`` / ``train_out`` sent (None: no tickets)
+        self.issuer = issuer
+
+    def at_address(self, address: str) -> int:
+        """Admitted nodes that connected from ``address``."""
+        return sum(1 for s in self.sessions.values() if s.address == address)
 
     def stage_replicas(self, role: str | None = "trainer") -> list[list[str]]:
-        """Ready peers of each stage with ``role`` (None: any), sorted; the first trainer leads the stage."""
+        """Ready peers of each stage with ``role`` (None: any), sorted by peer id (``leader`` names the leader)."""
         out: list[list[str]] = [[] for _ in range(self.num_stages)]
         for s in self.sessions.values():
             if s.ready and s.stage is not None and (role is None or s.role == role):
@@ -81,6 +101,57 @@ class Membership:
         trainers, inference = self.stage_replicas(), self.inference_replicas()
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
+    def leader(self, stage: int) -> str | None:
+        """The trainer that leads ``stage`` (checkpoints it, streams to its inference replicas)."""
+        # ranked by how many identities share its address (a machine running twenty identities
+        # leads after one running one), then by admission
+        trainers = [((self.at_address(s.address), s.joined), s.peer_id) for s in self.sessions.values()
+                    if s.ready and s.stage == stage and s.role == "trainer"]
+        return self.authority.leader(stage, trainers)
+
+    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
+        """One step's full-weight digests of ``stage``'s trainers: the majority decides (see the module)."""
+        before = self.authority.leaders().get(stage)
+        vote = self.authority.vote(stage, digests, version)
+        for peer, source in vote.resync:
+            log.info("replica %s of stage %d is outside the weight majority; resynchronising from %s",
+                     peer, stage, source)
+            await self.send(peer, messages.Sync(source_peer=source, weights_hash=vote.majority, version=version))
+        for peer in vote.evict:
+            session = self.sessions.get(peer)
+            if session is not None:
+                self._evict(session, f"held weights outside stage {stage}'s majority for "
+                                     f"{self.authority.evict_after} votes in a row")
+        if self.leader(stage) != before:
+            await self.broadcast(version)
+
+    async def weights_refused(self, follower: str, source: str, version: int) -> None:
+        """``follower`` refused the weights ``source`` sent for its sync (they missed the majority digest)."""
+        before = self.authority.leaders()
+        evict = self.authority.refused(source, follower)
+        session = self.sessions.get(source)
+        if evict and session is not None:
+            self._evict(session, "sent weights that two followers found did not match the majority's digest")
+        if [self.leader(stage) for stage in range(self.num_stages)] != [before.get(s) for s in range(self.num_stages)]:
+            await self.broadcast(version)
+
+    async def served(self, replica: str, stage: int, message: messages.Served, version: int) -> None:
+        """An inference replica's full load: weights from a leader that miss the majority's digest
+        cost the leader the lead (the new leader then streams the replica afresh)."""
+        if message.weights_hash is None or self.authority.served(stage, message.version, message.weights_hash,
+                                                                 message.source):
+            return
+        log.warning("inference replica %s got weights of version %d from %s that miss the majority's digest; "
+                    "%s leads stage %d no more", replica, message.version, message.source, message.source, stage)
+        self.leader(stage)
+        await self.broadcast(version)
+
+    async def broadcast(self, version: int) -> None:
+        """The ``members`` message to every admitted node."""
+        message = self.members_message(version)
+        for peer in list(self.sessions):
+            await self.send(peer, message)
+
     def members_message(self, version: int) -> messages.Members:
         """The ``members`` message: every admitted node by stage (ready or not) and the inference replicas."""
         members: list[list[str]] = [[] for _ in range(self.num_stages)]
@@ -88,13 +159,16 @@ class Membership:
             if s.stage is not None:
                 members[s.stage].append(s.peer_id)
         inference = sorted(s.peer_id for s in self.sessions.values() if s.role == "inference")
-        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference)
+        return messages.Members(stages=[sorted(m) for m in members], version=version, inference=inference,
+                                leaders=[self.leader(stage) for stage in range(self.num_stages)])
 
     async def send(self, peer_id: str, message: messages.CoordinatorToNode) -> bool:
         """Send a typed message; False if the peer is gone or it did not leave within ``SEND_TIMEOUT_S``."""
         session = self.sessions.get(peer_id)
         if session is None or session.ws.closed:
             return False
+        if self.issuer is not None:
+            message = self.issuer.stamp(message)
         try:
             await asyncio.wait_for(session.ws.send_str(messages.encode(message)), SEND_TIMEOUT_S)
             return True
@@ -127,6 +201,7 @@ class Membership:
         self._banned_until[session.peer_id] = time.monotonic() + EVICTION_BAN_S
         while len(self._banned_until) > MAX_BANS:
             del self._banned_until[next(iter(self._banned_until))]
+        self.authority.forget(session.peer_id)
         asyncio.get_running_loop().create_task(self._close(session), name=f"polis-coord-evict-{session.peer_id[:8]}")
 
     @staticmethod

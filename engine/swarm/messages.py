@@ -28,10 +28,13 @@ and of one training micro-batch::
     coordinator --train_in--> stage 0,  --train_out--> last stage
     stage 0 --act--> ... --> last stage (loss) --grad--> ... --> stage 0 --mb_done--> coordinator
     coordinator --apply--> every trainer; replicas --share--> each other; --stepped--> coordinator
+    (with a full-weight digest: the majority decides; --sync--> a minority replica names a majority
+    source and the digest, and a mismatch comes back as --weights_refused-->)
 
 and of the weight stream to inference replicas (``engine.swarm.inference_replica``)::
 
-    stage leader --wdelta--> each inference replica of its stage (after every applied step)
+    stage leader (named by the coordinator in ``apply``, ``members``)
+        --wdelta--> each inference replica of its stage (after every applied step)
     stage leader --streamed--> coordinator (bytes, shadow checksums, quantisation residual)
     inference replica --served--> coordinator (the version it now generates with)
     leader without a stream to a replica --wlead--> it; it answers --weights_req(stream)--> leader
@@ -93,11 +96,31 @@ BoolRows = Annotated[list[Annotated[list[bool], Meta(max_length=MAX_TOKENS)]],
                      Meta(min_length=1, max_length=MAX_ROWS)]
 Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
 Checksum = Annotated[float, Meta(ge=-1e30, le=1e30)]
+#: blake2b-128 hex of a stage's full trainable weights (``engine.swarm.weight_votes.weights_digest``)
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
 Count = Annotated[float, Meta(ge=0.0, le=1e18)]
 #: an engine.net.tensor_codec header (validated by decode_tensor, not here)
 TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
 #: a map validated by its own reader (run config, model config, weight-delta header)
 OpaqueMap = Annotated[dict[str, Any], Meta(max_length=256)]
+
+
+PublicKey = Annotated[str, Meta(min_length=1, max_length=128)]  # base64 raw Ed25519 public key
+Signature = Annotated[str, Meta(min_length=1, max_length=256)]  # base64 Ed25519 signature
+Nonce = Annotated[str, Meta(min_length=16, max_length=128)]  # hex the other side signs
+
+
+class Ticket(WireRecord, frozen=True):
+    """The coordinator's signed word that ``route`` carries job ``job`` (``engine.swarm.tickets``).
+
+    Peers act on an ``act``, ``grad`` or ``drop`` only with a ticket for its job and route whose
+    signature the coordinator's key verifies, so no member can name itself a job's neighbour.
+    """
+
+    job: JobId  # generation job id, or a training micro-batch key (``engine.swarm.training.train_key``)
+    route: Route  # one peer per stage, as the coordinator assigned it
+    expires_s: Annotated[int, Meta(ge=0, le=1 << 40)]  # unix seconds (coordinator clock) it is good until
+    signature: Signature  # by the coordinator's key, over ``engine.swarm.tickets.ticket_bytes``
 
 
 class GenParams(WireRecord, frozen=True):
@@ -122,7 +145,7 @@ class GenParams(WireRecord, frozen=True):
 
 # ---------------------------------------------------------------- coordinator -> node
 class Challenge(WireMessage, frozen=True, tag="challenge"):
-    nonce: Annotated[str, Meta(min_length=16, max_length=128)]  # hex the node signs in its hello
+    nonce: Nonce  # hex the node signs in its hello
 
 
 class Welcome(WireMessage, frozen=True, tag="welcome"):
@@ -138,12 +161,18 @@ class Welcome(WireMessage, frozen=True, tag="welcome"):
     run: OpaqueMap  # RunConfig.to_dict(); rebuilt by engine.swarm.run_config
     run_id: RunId  # the run's id (letters, digits, '-' and '_' only)
     signal_url: Annotated[str, Meta(min_length=1, max_length=2048)]  # signalling websocket URL
+    coordinator_key: PublicKey | None = None  # the coordinator's identity key (tickets are signed by it)
+    # over engine.swarm.coordinator_session.welcome_bytes (the hello's nonce): the coordinator holds that key
+    coordinator_signature: Signature | None = None
 
 
 class Members(WireMessage, frozen=True, tag="members"):
     stages: Annotated[list[PeerList], Meta(max_length=MAX_STAGES)]  # peer ids per stage
     version: Version  # current policy version
     inference: PeerList = []  # the members that are inference replicas (the rest train)
+    # per stage, the trainer the coordinator named leader (None: none yet); inference replicas take
+    # weight-stream messages from it alone
+    leaders: Annotated[list[PeerId | None], Meta(max_length=MAX_STAGES)] = []
 
 
 class Gen(WireMessage, frozen=True, tag="gen"):
@@ -151,6 +180,7 @@ class Gen(WireMessage, frozen=True, tag="gen"):
     route: Route  # one peer per stage
     prompt_ids: TokenRows  # prompt token ids, one row per sequence
     params: GenParams  # sampling settings
+    ticket: Ticket | None = None  # the job's signed ticket, forwarded with every hop
 
 
 class GenRelease(WireMessage, frozen=True, tag="gen_release"):
@@ -166,6 +196,7 @@ class TrainIn(WireMessage, frozen=True, tag="train_in"):
     route: Route  # one peer per stage
     inputs: TokenRows  # input token ids, one row per sequence
     prox: bool = False  # forward only, for the proximal log-probs before the first update
+    ticket: Ticket | None = None  # the micro-batch's signed ticket, forwarded with every hop
 
 
 class TrainOut(WireMessage, frozen=True, tag="train_out"):
@@ -179,15 +210,17 @@ class TrainOut(WireMessage, frozen=True, tag="train_out"):
     normaliser: Annotated[float, Meta(ge=1e-9, le=1e12)]  # divides the summed loss (tokens of the batch)
     prox: bool = False  # forward only: return the log-probs (prox_done), no loss
     proximal: FloatRows | None = None  # proximal log-probs (decoupled PPO's anchor)
+    ticket: Ticket | None = None  # the micro-batch's signed ticket (its gradient goes back with it)
 
 
 class Apply(WireMessage, frozen=True, tag="apply"):
     step: Step  # the step whose gradients are complete
     version: Version  # the version the stage has after applying it
-    # the stage's trainers, sorted; the first one leads the stage
-    replicas: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_PEERS)]
+    replicas: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_PEERS)]  # the stage's trainers, sorted
     checkpoint: bool  # write a stage checkpoint after this step
     inference: PeerList = []  # the stage's inference replicas, which the leader streams deltas to
+    # the trainer the coordinator named to lead the stage (stream to inference replicas); None: nobody
+    leader: PeerId | None = None
 
 
 class Abort(WireMessage, frozen=True, tag="abort"):
@@ -196,6 +229,10 @@ class Abort(WireMessage, frozen=True, tag="abort"):
 
 class Sync(WireMessage, frozen=True, tag="sync"):
     source_peer: PeerId  # fetch full weights from this peer
+    # the majority's digest of the stage's weights and their version: install only weights of this
+    # version that hash to it (None: no vote behind this sync)
+    weights_hash: Digest | None = None
+    version: Version | None = None
 
 
 class Shutdown(WireMessage, frozen=True, tag="shutdown"):
@@ -219,6 +256,7 @@ class Hello(WireMessage, frozen=True, tag="hello"):
     run_id: RunId | None  # run those weights belong to
     has_base: bool  # it has the base checkpoint on disk
     role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
+    nonce: Nonce | None = None  # the node's challenge: the coordinator signs it in the welcome
 
 
 class Ready(WireMessage, frozen=True, tag="ready"):
@@ -269,10 +307,11 @@ class Stepped(WireMessage, frozen=True, tag="stepped"):
     step: Step  # the applied step
     version: Version  # the stage's version after it
     grad_norm: Annotated[float, Meta(ge=0.0, le=1e12)]  # stage gradient norm before clipping
-    checksum: Checksum  # of the stage's weights (replicas must agree)
+    checksum: Checksum  # of the stage's weights (a cheap sample; the stream book pairs it with ``served``)
     update_bytes: ByteCount  # bytes sent for the replica gradient exchange
     dense_bytes: ByteCount  # what fp32 would have taken
     checkpoint_path: FilePath | None  # stage checkpoint written at this step, if any
+    weights_hash: Digest | None = None  # of the stage's full trainable weights (the replicas' vote)
 
 
 class StreamReport(WireRecord, frozen=True):
@@ -295,6 +334,15 @@ class Served(WireMessage, frozen=True, tag="served"):
     checksum: Checksum  # of its weights
     source: PeerId  # the leader they came from
     full: bool  # a full load (True) or a delta (False)
+    weights_hash: Digest | None = None  # full loads: digest of the weights received (vs the majority's)
+
+
+class WeightsRefused(WireMessage, frozen=True, tag="weights_refused"):
+    """A ``sync`` whose source sent weights that did not hash to the digest the ``sync`` named."""
+
+    source: PeerId  # the peer that sent them
+    version: Version  # the version they claimed
+    reason: Reason  # what did not match, in words
 
 
 class Report(WireMessage, frozen=True, tag="report"):
@@ -306,7 +354,7 @@ class Report(WireMessage, frozen=True, tag="report"):
 
 
 NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, ProxDone, MbFailed, Stepped,
-                          Streamed, Served, Report]
+                          Streamed, Served, WeightsRefused, Report]
 
 
 # ---------------------------------------------------------------- node <-> node (msgpack)
@@ -330,6 +378,7 @@ class Act(WireMessage, frozen=True, tag="act"):
     step: Step  # optimiser step (0 for generation)
     mb: MicroBatch  # micro-batch index (0 for generation)
     params: GenParams | None = None  # sampling settings (generation)
+    ticket: Ticket | None = None  # the coordinator's ticket for this job and route
 
 
 class Tok(WireMessage, frozen=True, tag="tok"):
@@ -346,6 +395,7 @@ class Drop(WireMessage, frozen=True, tag="drop"):
     route: Route  # one peer per stage
     hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
     through_last: bool = False  # the last stage frees its cache too (it kept it: gen_release)
+    ticket: Ticket | None = None  # the coordinator's ticket for this job and route
 
 
 class Grad(WireMessage, frozen=True, tag="grad"):
@@ -357,6 +407,7 @@ class Grad(WireMessage, frozen=True, tag="grad"):
     tensor: TensorHeader  # the gradient's tensor_codec header
     step: Step  # optimiser step
     mb: MicroBatch  # micro-batch index
+    ticket: Ticket | None = None  # the coordinator's ticket for this micro-batch and route
 
 
 class Share(WireMessage, frozen=True, tag="share"):

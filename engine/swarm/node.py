@@ -41,7 +41,7 @@ from typing import Any
 
 from backends.base import OptimizerConfig, StageSpec
 from engine.net.errors import ProtocolViolation
-from engine.net.identity import Identity
+from engine.net.identity import Identity, split_pinned_url
 from engine.swarm import messages
 from engine.swarm.compute_thread import ComputeThread
 from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
@@ -55,6 +55,7 @@ from engine.swarm.replica_step import ReplicaStep
 from engine.swarm.run_config import run_config_from_dict
 from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer
 from engine.swarm.stage_runtime import StageRuntime
+from engine.swarm.tickets import TicketChecker
 from engine.swarm.training import Training
 from engine.swarm.weight_stream_leader import WeightStreamLeader
 
@@ -131,7 +132,8 @@ class Node:
         self.replicas = ReplicaStep(ctx, share_timeout_s=config.share_timeout_s, data_dir=config.data_dir,
                                     release_through=self.training.release_through,
                                     after_step=self.leader.after_step)
-        self.status = NodeStatus(ctx, coordinator_url=config.coordinator_url, report_every_s=config.report_every_s,
+        self.status = NodeStatus(ctx, coordinator_url=split_pinned_url(config.coordinator_url)[0],
+                                 report_every_s=config.report_every_s,
                                  emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
                                  link_count=self.links.link_count if self.links else lambda: 0,
                                  limits=self.limits)
@@ -140,7 +142,7 @@ class Node:
             self.session = ctx.coordinator = CoordinatorSession(
                 config.coordinator_url, identity, ctx.tasks, hello_fields=self._hello_fields,
                 on_welcome=self._welcomed, on_message=self.on_coordinator,
-                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference),
+                on_members=lambda msg: ctx.membership.update(msg.stages, msg.inference, msg.leaders),
                 while_connected=self.status.report_loop, emit=self.emit, set_state=self.status.set_state,
                 reconnect_max_s=config.reconnect_max_s)
         self._coordinator_handlers: dict[type, Callable[[Any], None]] = {
@@ -247,6 +249,9 @@ class Node:
 
     async def _welcomed(self, welcome: messages.Welcome) -> None:
         """Load what the welcome assigns, then tell the coordinator we are ready."""
+        key = self.session.coordinator_key if self.session is not None else None
+        if key is not None and (self.ctx.tickets is None or self.ctx.tickets.public_key != key):
+            self.ctx.tickets = TicketChecker(key)  # from now on peers' jobs need this coordinator's tickets
         try:
             await self._apply_welcome(welcome)
         except Exception as exc:  # a stage we cannot load: say so and leave this coordinator
@@ -327,7 +332,7 @@ class Node:
         self.replicas.forget(step)
 
     def _on_members(self, msg: messages.Members) -> None:
-        self.ctx.membership.update(msg.stages, msg.inference)
+        self.ctx.membership.update(msg.stages, msg.inference, msg.leaders)
         self.ctx.membership.coordinator_version = msg.version
         self._connect_neighbours()
         self.status.emit_status()
@@ -358,6 +363,8 @@ class Node:
             raise ProtocolViolation(f"'{kind}' arrived before this node holds a stage")
         spec = self.ctx.stage.spec
         if isinstance(header, (messages.Act, messages.Drop, messages.Grad)):
+            if self.ctx.tickets is not None:  # the route is the coordinator's, not the sender's
+                self.ctx.tickets.check(kind, header.ticket, header.job, header.route)
             check_hop(kind, header, sender, self.ctx.peer_id, spec.stage_index, spec.num_stages)
         handler = self._peer_handlers.get(type(header))
         if handler is not None:

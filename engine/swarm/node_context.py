@@ -11,7 +11,8 @@ status - that never reach into each other's attributes. They share one
 * a :class:`TaskSpawner` (every task named, failures logged, all cancelled at stop),
 * a :class:`PeerSender` (messages to peers, each with a deadline) and a
   :class:`CoordinatorSender` (messages to the coordinator; dropped while it is away),
-* a :class:`WeightsInbox` (the one ``weights`` answer a node waits for at a time).
+* a :class:`WeightsInbox` (the one ``weights`` answer a node waits for at a time),
+* the ticket checker (``engine.swarm.tickets``) once a welcome gave the coordinator's key.
 
 What it does not know: what any message means, how links or sessions are made.
 """
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from engine.swarm.messages import NodeToCoordinator, PeerMessage, Weights
     from engine.swarm.run_config import RunConfig
     from engine.swarm.stage_runtime import StageRuntime
+    from engine.swarm.tickets import TicketChecker
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +116,22 @@ class Membership:
 
     stages: peer ids per stage (trainers and inference replicas together).
     inference: the members that are inference replicas.
+    leaders: per stage, the trainer the coordinator named leader (None: none named).
     coordinator_version: the policy version the coordinator last announced.
     """
 
     stages: list[list[str]] = field(default_factory=list)
     inference: set[str] = field(default_factory=set)
+    leaders: list[str | None] = field(default_factory=list)
     coordinator_version: int = 0
 
-    def update(self, stages: list[list[str]], inference: Any) -> None:
+    def update(self, stages: list[list[str]], inference: Any, leaders: Any = ()) -> None:
         self.stages = stages
         self.inference = set(inference or ())
+        self.leaders = list(leaders or ())
+
+    def leader_of(self, stage: int) -> str | None:
+        return self.leaders[stage] if stage < len(self.leaders) else None
 
     def of_stage(self, stage: int) -> list[str]:
         return self.stages[stage] if stage < len(self.stages) else []
@@ -169,6 +177,8 @@ class NodeContext:
     membership: Membership = field(default_factory=Membership)
     tasks: TaskSpawner = field(default_factory=TaskSpawner)
     weights: WeightsInbox = field(default_factory=WeightsInbox)
+    #: verifies job tickets with the coordinator's key from its signed welcome (None: no key yet)
+    tickets: TicketChecker | None = None
     #: work done since the start: ``tokens_generated``, ``microbatches_trained``
     counters: dict[str, float] = field(default_factory=lambda: {"tokens_generated": 0.0,
                                                                 "microbatches_trained": 0.0})

@@ -13,6 +13,7 @@ What it does not know: websockets, authentication, scheduling decisions.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
 from engine.net.errors import ProtocolViolation
@@ -36,6 +37,7 @@ class NodeReports:
             messages.JobFailed: self._job_failed, messages.MbLoss: self._mb_loss, messages.MbDone: self._mb_done,
             messages.ProxDone: self._prox_done, messages.MbFailed: self._mb_failed, messages.Stepped: self._stepped,
             messages.Streamed: self._streamed, messages.Served: self._served, messages.Report: self._report,
+            messages.WeightsRefused: self._weights_refused,
         }
 
     def handle(self, session: NodeSession, message: messages.NodeToCoordinator) -> None:
@@ -77,6 +79,13 @@ class NodeReports:
         session.version = message.version
         self.steps.on_stepped(session.peer_id, message)
 
+    def _weights_refused(self, session: NodeSession, message: messages.WeightsRefused) -> None:
+        if session.role != "trainer":
+            raise ProtocolViolation("'weights_refused' from an inference replica (it is never sent a sync)")
+        asyncio.get_running_loop().create_task(
+            self.members.weights_refused(session.peer_id, message.source, message.version),
+            name=f"polis-coord-refused-{session.peer_id[:8]}")
+
     def _streamed(self, session: NodeSession, message: messages.Streamed) -> None:
         """A leader's stream report: every replica it names must be an inference replica of its stage."""
         if session.role != "trainer":
@@ -93,6 +102,10 @@ class NodeReports:
             raise ProtocolViolation("'served' from a trainer")
         session.version = message.version
         self.streams.on_served(session.peer_id, session.stage, message)
+        if message.full and message.weights_hash is not None and session.stage is not None:
+            asyncio.get_running_loop().create_task(
+                self.members.served(session.peer_id, session.stage, message, message.version),
+                name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
         counters = {name: getattr(message, name) for name in message.__struct_fields__}

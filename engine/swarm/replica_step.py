@@ -6,9 +6,11 @@ the other trainers (``share``), waits for theirs up to ``share_timeout_s`` (a
 replica that left the stage is not waited for), aggregates identically to every
 other replica; the first and the last stage of a tied-embedding model then sum their
 gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
-applies, optionally writes the stage checkpoint, and reports ``stepped``. A replica
-that joins or drifted asks another for full weights (``weights_req`` / ``weights``;
-``sync`` from the coordinator names the source).
+applies, optionally writes the stage checkpoint, and reports ``stepped`` with a digest of
+its full weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica
+that joins or was outvoted asks another for full weights (``weights_req`` / ``weights``;
+``sync`` from the coordinator names the source, the version and the majority's digest, and
+weights that do not match are refused: a strike and ``weights_refused``, nothing installed).
 
 With ``replica_sync.mode = "diloco"`` a trainer steps on its own gradient (no share) and,
 at versions that are multiples of ``inner_steps``, right after that inner step, sends its
@@ -41,6 +43,7 @@ from engine.swarm.node_context import NodeContext
 from engine.swarm.outer_sync import MOMENTUM_PREFIX, OuterSync, scale_grads, split_momentum
 from engine.swarm.replica_sync import ReplicaCompressor, aggregate, dense_nbytes
 from engine.swarm.tied_sync import TiedSync
+from engine.swarm.weight_votes import weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ class ReplicaStep:
         self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg.step}")
 
     def on_sync(self, msg: Sync) -> None:
-        self.ctx.tasks.spawn(self._resync(msg.source_peer), "polis-resync")
+        self.ctx.tasks.spawn(self._resync(msg), "polis-resync")
 
     def on_share(self, sender: str, header: Share, payload: bytes) -> None:
         if sender not in self.ctx.stage_members():
@@ -153,7 +156,7 @@ class ReplicaStep:
                                          tied.norm)
         if diloco and ctx.stage.run_cfg.replica_sync.synced_at(version):
             update_bytes = await self._outer_sync(version, others)
-        checksum = await ctx.compute.run(rt.checksum)
+        checksum, digest = await ctx.compute.run(self._fingerprints)
         self._shares = {s: v for s, v in self._shares.items() if s > (version if diloco else step)}
         await self._release_through(step)
         path = None
@@ -161,7 +164,8 @@ class ReplicaStep:
             path = str(self.stage_checkpoint_path())
             await ctx.compute.run(rt.save_stage, path, version)
         await ctx.coordinator.send(messages.Stepped(step=step, version=version, grad_norm=float(norm),
-                                                    checksum=float(checksum), update_bytes=int(update_bytes),
+                                                    checksum=float(checksum), weights_hash=digest,
+                                                    update_bytes=int(update_bytes),
                                                     dense_bytes=int(dense), checkpoint_path=path))
         self._after_step(msg)
         ctx.on_status()
@@ -194,6 +198,11 @@ class ReplicaStep:
         synced = await ctx.compute.run(outer.outer_step, agg, len(contributions))
         await ctx.compute.run(rt.set_weights, synced, version)
         return len(payload)
+
+    def _fingerprints(self) -> tuple[float, str]:
+        """Compute thread: the cheap checksum and the full digest, from one read of the weights."""
+        weights = self.ctx.stage.rt.state_dict()
+        return tensor_bundle.checksum(weights), weights_digest(weights)
 
     async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
         deadline = time.monotonic() + self.share_timeout_s
@@ -234,8 +243,8 @@ class ReplicaStep:
                                            config=rt.model_config.to_hf_dict(),
                                            tensors=tensor_bundle.wire_entries(entries)), payload)
 
-    async def _resync(self, source: str) -> None:
-        ctx, rt = self.ctx, self.ctx.stage.rt
+    async def _resync(self, sync: Sync) -> None:
+        ctx, rt, source = self.ctx, self.ctx.stage.rt, sync.source_peer
         waiter = ctx.weights.expect(source)
         diloco = self._diloco
         await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index, outer_state=diloco))
@@ -248,6 +257,19 @@ class ReplicaStep:
         weights, momentum = split_momentum(received)
         if len(weights) != len(shapes):
             raise ProtocolViolation(f"weights from {source} lack {len(shapes) - len(weights)} tensors")
+        if sync.weights_hash is not None:
+            if sync.version is not None and header.version != sync.version:
+                log.info("resync source %s sent version %d, not %d; the next vote retries", source,
+                         header.version, sync.version)
+                return
+            digest = await ctx.compute.run(weights_digest, weights)
+            if digest != sync.weights_hash:
+                reason = f"weights of version {header.version} hash to {digest}, not the majority's {sync.weights_hash}"
+                log.warning("refused weights from %s: %s", source, reason)
+                ctx.peers.strike(source, reason)
+                await ctx.coordinator.send(messages.WeightsRefused(source=source, version=int(header.version),
+                                                                   reason=reason))
+                return
         await ctx.compute.run(rt.set_weights, weights, header.version)
         self._compressor.reset()
         if diloco:

@@ -36,7 +36,13 @@ class NodeLinks(Protocol):
         """Generation routes: any ready replica per stage (trainers and inference replicas)."""
 
     def stage_replicas(self) -> list[list[str]]:
-        """The ready trainers of each stage, sorted; the first leads its stage."""
+        """The ready trainers of each stage, sorted by peer id."""
+
+    def leader(self, stage: int) -> str | None:
+        """The trainer the coordinator names to lead ``stage`` (checkpoints, weight stream)."""
+
+    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
+        """Put ``stage``'s full-weight digests at ``version`` to the majority vote and act on it."""
 
     def inference_replicas(self) -> list[list[str]]:
         """The ready inference replicas of each stage (they follow the leader's weight stream)."""

@@ -12,8 +12,9 @@
 4. per mini-batch: its micro-batches go through the training routes
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
-   rule — and steps; the stage leader streams weight deltas to the inference replicas); once
-   ``stepped`` comes back the version advances and is recorded.
+   rule — and steps; the stage leader the links name streams weight deltas to the inference
+   replicas); once ``stepped`` comes back the version advances and is recorded, and each
+   stage's full-weight digests go to the links' majority vote.
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -228,10 +229,10 @@ class StepRunner:
         expected: set[str] = set()
         inference = self.links.inference_replicas()
         for stage, replicas in enumerate(self.links.stage_replicas()):
+            leader = self.links.leader(stage)  # named by the weight votes: checkpoints, streams to inference
             for peer in replicas:
-                # replicas[0] leads the stage: it checkpoints and streams weights to the inference replicas
-                apply = messages.Apply(step=step, version=version, replicas=replicas,
-                                       checkpoint=checkpoint and peer == replicas[0],
+                apply = messages.Apply(step=step, version=version, replicas=replicas, leader=leader,
+                                       checkpoint=checkpoint and peer == leader,
                                        inference=inference[stage] if stage < len(inference) else [])
                 if await self.links.send(peer, apply):
                     expected.add(peer)
@@ -264,7 +265,8 @@ class StepRunner:
 
     async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> None:
         """Replicas of a stage must hold equal weights (under DiLoCo only right after a sync,
-        ``RunConfig.replica_sync``); resync any that drifted."""
+        ``RunConfig.replica_sync``): their full-weight digests are put to a vote
+        (``engine.swarm.weight_votes``; outvoted replicas are resynced from the majority)."""
         agree = self.run.replica_sync.synced_at(version)
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
@@ -274,14 +276,8 @@ class StepRunner:
                     self.checkpoint_versions[stage] = m.version
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
                     self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
-            if len(seen) < 2 or not agree:
-                continue
-            leader, lead = seen[0]
-            for peer, m in seen[1:]:
-                if abs(m.checksum - lead.checksum) > 1e-3 * max(1.0, abs(lead.checksum)):
-                    self.book.counters["resyncs"] += 1
-                    log.info("replica %s of stage %d drifted from %s; resynchronising", peer, stage, leader)
-                    await self.links.send(peer, messages.Sync(source_peer=leader))
+            if len(seen) >= 2 and agree:
+                await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
 
     def checkpoint_of(self, stage: int, version: int) -> str | None:
         """The stage checkpoint holding exactly ``version`` (None: there is none; at version 0 the

@@ -63,6 +63,8 @@ class Training:
         self.ctx = ctx
         self._slots: dict[str, _TrainSlot] = {}
         self._keys: set[str] = set()  # micro-batches whose activations the backend keeps for backward
+        #: the route each of those came along: a gradient must come back on the same one (the ticket's)
+        self._routes: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------ inbound (loop, no await)
     def on_train_in(self, msg: TrainIn) -> None:
@@ -82,7 +84,16 @@ class Training:
             self._spawn(self._mid(header, x), header.step, header.mb, f"polis-mid-{key}")
 
     def on_grad(self, sender: str, header: Grad, g: np.ndarray) -> None:
-        self._spawn(self._back(header, g), header.step, header.mb, f"polis-back-{header.job}")
+        """Checked here, before any task: a gradient for a micro-batch we did not forward, or along
+        another route than its activations took, is the sender's fault (a strike), not the job's."""
+        key = f"{header.step}:{header.mb}"
+        if key not in self._keys:
+            raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
+        if self._routes.get(key) != list(header.route):
+            raise ProtocolViolation(f"gradient for micro-batch {key} along another route than its activations")
+        self._keys.discard(key)  # claimed now: a second gradient for it is refused the same way
+        self._routes.pop(key, None)
+        self._spawn(self._back(header, g, key), header.step, header.mb, f"polis-back-{header.job}")
 
     def _spawn(self, coro: Coroutine, step: int, mb: int, name: str) -> None:
         self.ctx.tasks.spawn(self._guard(coro, step, mb), name)
@@ -111,12 +122,14 @@ class Training:
         return slot
 
     # ------------------------------------------------------------------ passes
-    def _forward(self, prox: bool, key: str):
+    def _forward(self, prox: bool, key: str, route: list[str]):
         """The forward for a pass: keep activations for backward, or not (proximal)."""
         rt = self.ctx.stage.rt
         if prox:
             return lambda _key, x: rt.forward_only(x)
         self._keys.add(key)
+        self._routes = {k: r for k, r in self._routes.items() if k in self._keys}
+        self._routes[key] = list(route)
         return rt.train_forward
 
     async def _first(self, msg: TrainIn) -> None:
@@ -132,16 +145,17 @@ class Training:
             self._slot(key).act = (route, inputs)
             await self._last_if_ready(key)
             return
-        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(prox, key), key, inputs,
+        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(prox, key, route), key, inputs,
                                                 ctx.stage.run_cfg.activation_encoding)
         await ctx.peers.send(route[1], Act(kind="prox" if prox else "train", job=key, route=route, hop=1,
-                                           versions=[int(rt.version)], tensor=tensor, step=msg.step, mb=msg.mb),
-                             payload)
+                                           versions=[int(rt.version)], tensor=tensor, step=msg.step, mb=msg.mb,
+                                           ticket=msg.ticket), payload)
 
     async def _mid(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         key = train_key(header)
-        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(header.kind == "prox", key), key, x,
+        forward = self._forward(header.kind == "prox", key, header.route)
+        tensor, payload = await ctx.compute.run(forward_encoded, forward, key, x,
                                                 ctx.stage.run_cfg.activation_encoding)
         hop = header.hop + 1
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor,
@@ -193,15 +207,11 @@ class Training:
             return
         tensor, payload = await ctx.compute.run(encode_gradient, grad_in, run_cfg.activation_encoding)
         hop = len(route) - 2
-        await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb),
-                             payload)
+        await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb,
+                                              ticket=out.ticket), payload)
 
-    async def _back(self, header: Grad, g: np.ndarray) -> None:
+    async def _back(self, header: Grad, g: np.ndarray, key: str) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        key = f"{header.step}:{header.mb}"
-        if key not in self._keys:
-            raise ProtocolViolation(f"gradient for unknown micro-batch {key}")
-        self._keys.discard(key)
         grad_in = await ctx.compute.run(rt.train_backward, key, g)
         ctx.counters["microbatches_trained"] += 1
         if ctx.stage.spec.is_first:

@@ -1,7 +1,8 @@
 """A trainer's part in the weight stream: as its stage's leader, stream weights to inference replicas.
 
-The leader is the trainer listed first in an ``apply`` message (the same one
-that writes stage checkpoints). After each applied step it sends every
+The leader is the trainer an ``apply`` message names as ``leader`` (the
+coordinator chooses it by the replicas' weight votes, ``engine.swarm.weight_votes``;
+never by peer id). After each applied step it sends every
 inference replica of its stage a ``wdelta`` (int8 per-row deltas against that
 replica's shadow, with the policy version), or a ``wlead`` when it holds no
 stream for it, and reports ``streamed`` to the coordinator. It serves
@@ -58,7 +59,7 @@ class WeightStreamLeader:
     async def stream_step(self, msg: Apply) -> None:
         """If we lead the stage named by ``apply`` message ``msg``, stream to its inference replicas."""
         ctx = self.ctx
-        leading = msg.replicas[0] == ctx.peer_id
+        leading = msg.leader == ctx.peer_id
         targets = sorted(set(msg.inference) - {ctx.peer_id}) if leading else []
         async with self._lock:  # the compute thread may be encoding: change streams only here
             self.state.retain(targets)  # not leading: drop them all; a later lead starts afresh

@@ -11,6 +11,10 @@ exist, a version from the far future, ...), and returns the coordinator's first 
 (``welcome`` or ``shutdown``) with the socket still open, so the test can go on sending
 whatever the misbehaviour needs; it never computes anything.
 
+In-process misbehaviours of a real ``engine.swarm.node.Node`` are separate small pieces below
+(each named for what it does): :class:`ServesRandomWeights` / :func:`claim_honest_digest`
+(finding 3), :func:`forged_drop` / :func:`forged_grad` (finding 5).
+
 What it does not know: what the real node computes (``engine.swarm.node``); why a test wants a liar.
 """
 
@@ -59,10 +63,13 @@ class HostileLink:
         await self.http.close()
 
 
-async def join(url: str, identity: Identity | None = None, timeout_s: float = 10.0, **hello: Any) -> HostileLink:
-    """Connect to ``url`` (the coordinator's http URL) with a signed hello of ``HONEST_HELLO | hello``."""
+async def join(url: str, identity: Identity | None = None, timeout_s: float = 10.0, local_host: str | None = None,
+               **hello: Any) -> HostileLink:
+    """Connect to ``url`` (the coordinator's http URL) with a signed hello of ``HONEST_HELLO | hello``;
+    ``local_host``: the address to connect from (any of 127.0.0.0/8 on loopback: another "machine")."""
     identity = identity or Identity.generate()
-    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s))
+    connector = aiohttp.TCPConnector(local_addr=(local_host, 0)) if local_host else None
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s), connector=connector)
     ws = await http.ws_connect(url.rstrip("/") + "/node", max_msg_size=messages.MAX_WS_MESSAGE_CHARS)
     challenge = json.loads((await ws.receive(timeout=timeout_s)).data)
     key = identity.public_key
@@ -77,6 +84,75 @@ async def join(url: str, identity: Identity | None = None, timeout_s: float = 10
         reply = json.loads(msg.data)
         if reply["type"] in ("welcome", "shutdown"):
             return HostileLink(http, ws, identity, reply)
+
+
+# ---------------------------------------------------------------- misbehaviour: random weights (finding 3)
+class ServesRandomWeights:
+    """A stage runtime wrapper for a replica that trains honestly but serves random weights.
+
+    Everything reads through to ``inner`` (gradients, steps, shapes), except the weights others
+    see: ``state_dict`` / ``snapshot`` (what ``weights`` answers and weight streams carry, and what
+    its own digest is computed from) return random tensors of the right shapes, fixed per version.
+    ``set_weights`` installs into ``inner``, and it goes on serving random ones. With
+    :func:`claim_honest_digest` its ``stepped`` reports the digest of the honest weights instead:
+    the lie a vote cannot see, which only a follower that checks what it was sent can catch.
+    """
+
+    def __init__(self, inner: Any, seed: int = 666) -> None:
+        self.inner = inner
+        self.seed = seed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def state_dict(self) -> dict:
+        import numpy as np
+
+        rng = np.random.default_rng([self.seed, int(self.inner.version)])
+        return {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in sorted(self.inner.state_dict().items())}
+
+    def snapshot(self) -> tuple[dict, int]:
+        return self.state_dict(), self.inner.version
+
+    def checksum(self) -> float:
+        from engine.swarm.tensor_bundle import checksum
+
+        return checksum(self.state_dict())
+
+
+def claim_honest_digest(node: Any) -> None:
+    """Make ``node`` (a real ``engine.swarm.node.Node`` whose runtime is :class:`ServesRandomWeights`)
+    report in ``stepped`` the checksum and digest of the weights it hides, not of those it serves."""
+    from engine.swarm.tensor_bundle import checksum
+    from engine.swarm.weight_votes import weights_digest
+
+    def honest() -> tuple[float, str]:
+        weights = node.ctx.stage.rt.inner.state_dict()
+        return checksum(weights), weights_digest(weights)
+    node.replicas._fingerprints = honest
+
+
+# ---------------------------------------------------------------- misbehaviour: forged routes (finding 5)
+def forged_drop(job: str, route: list[str]) -> Any:
+    """A ``drop`` of someone else's generation job along a ``route`` the sender wrote itself
+    (naming itself the receiver's upstream), with no ticket: it frees that job's KV cache if obeyed."""
+    from engine.swarm import messages
+
+    return messages.Drop(job=job, route=route, hop=len(route) - 1)
+
+
+def forged_grad(job: str, route: list[str], *, step: int, mb: int, rows: int, tokens: int,
+                hidden: int, seed: int = 13) -> tuple[Any, bytes]:
+    """``(header, payload)`` of a ``grad`` of random values for an honest micro-batch, back along a
+    ``route`` that names the sender as the next stage, with no ticket."""
+    import numpy as np
+
+    from engine.swarm import messages
+    from engine.swarm.pipeline_hops import encode_activation
+
+    g = np.random.default_rng(seed).standard_normal((rows, tokens, hidden)).astype(np.float32) * 1e3
+    tensor, payload = encode_activation(g, "fp32")
+    return messages.Grad(job=job, route=route, hop=0, tensor=tensor, step=step, mb=mb), payload
 
 
 # ---------------------------------------------------------------------------- a real misbehaving node

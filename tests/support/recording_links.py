@@ -50,3 +50,9 @@ class RecordingLinks:
     def evict(self, peer_id: str, why: str) -> None:
         self.evicted.append((peer_id, why))
         self.stages = [[p for p in ids if p != peer_id] for ids in self.stages]
+
+    def leader(self, stage: int) -> str | None:
+        return self.stages[stage][0] if self.stages[stage] else None
+
+    async def check_weights(self, stage: int, digests: dict, version: int) -> None:
+        self.sent.append(("check_weights", (stage, dict(digests), version)))

@@ -19,6 +19,7 @@ from backends.base import StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.swarm import messages, tensor_bundle
 from engine.swarm.node import Node, NodeConfig
+from engine.swarm.weight_votes import weights_digest
 from tests.support.memory_wire import MemoryWire, RecordingCoordinator
 
 LEAD, OTHER, INF = "lead0000", "lead1111", "zinf0000"  # sorted: the leader first, the replica last
@@ -58,7 +59,7 @@ def _node(peer_id: str, role: str, weights: dict, version: int, wire: MemoryWire
     wire.attach(peer_id, node.on_peer)
     node.ctx.stage.rt = TensorRuntime(weights, version)
     node.ctx.stage.spec = StageSpec(0, 2, 0, 1)
-    node.ctx.membership.update([[LEAD, OTHER, INF], []], [INF])
+    node.ctx.membership.update([[LEAD, OTHER, INF], []], [INF], [LEAD, None])
     node.replica.after_load()
     return node
 
@@ -96,7 +97,7 @@ def _step(node: Node, rng, version: int) -> None:
 
 def _apply_msg(version: int, leader: str = LEAD, replicas: list[str] | None = None) -> messages.Apply:
     return messages.Apply(step=version - 1, version=version, replicas=replicas or sorted({leader, OTHER}),
-                          checkpoint=False, inference=[INF])
+                          checkpoint=False, inference=[INF], leader=leader)
 
 
 def _bits(a: dict, b: dict) -> bool:
@@ -124,6 +125,7 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         await lead.leader.stream_step(_apply_msg(3))
         await _settle(lead, inf)
         assert _served(inf)[-1].full and inf.rt.version == 3 and _bits(inf.rt.weights, lead.rt.weights)
+        assert _served(inf)[-1].weights_hash == weights_digest(lead.rt.weights)  # checked against the majority
         assert lead.leader.state.has(INF)
 
         # 2. deltas: the replica serves exactly the leader's shadow, one residual behind the trainer
@@ -167,21 +169,29 @@ def test_replica_syncs_then_follows_deltas_and_resyncs_after_a_lost_or_bad_delta
         assert inf.stream_stats["full_loads"] == 3 and _bits(inf.rt.weights, lead.rt.weights)
         assert not _bits(before, inf.rt.weights)
 
-        # 5. the leader changes: the new one holds no stream -> wlead -> full weights from it
+        # 5. a trainer the coordinator did not name leader: its wlead and deltas are ignored and counted
         other.rt.weights, other.rt.version = lead.rt.state_dict(), 14
         _step(other, rng, 15)
-        await lead.leader.stream_step(_apply_msg(15, leader=OTHER))  # lead is no longer first: drops streams
+        await other.leader.stream_step(_apply_msg(15, leader=OTHER))  # OTHER believes it leads; INF does not
+        await _settle(other, inf)
+        assert inf.stream_stats["not_leader"] == 1 and inf.rt.version == 14
+        assert inf.replica.follower.source == LEAD and not wire.strikes[(INF, OTHER)]
+        other.leader.state.clear()
+
+        # 6. the coordinator names a new leader: it holds no stream -> wlead -> full weights from it
+        inf.ctx.membership.update([[LEAD, OTHER, INF], []], [INF], [OTHER, None])
+        await lead.leader.stream_step(_apply_msg(15, leader=OTHER))  # lead no longer leads: drops streams
         assert not lead.leader.state.peers()
-        await other.leader.stream_step(_apply_msg(15, replicas=[OTHER, "zz-trainer"]))
+        await other.leader.stream_step(_apply_msg(15, leader=OTHER, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
         assert inf.replica.follower.source == OTHER and inf.rt.version == 15
         _step(other, rng, 16)
-        await other.leader.stream_step(_apply_msg(16, replicas=[OTHER, "zz-trainer"]))
+        await other.leader.stream_step(_apply_msg(16, leader=OTHER, replicas=[OTHER, "zz-trainer"]))
         await _settle(other, inf)
         last = _served(inf)[-1]
         assert (last.version, last.source, last.full) == (16, OTHER, False)
 
-        # 6. stream messages from a peer that does not train our stage, or to a trainer: refused
+        # 7. stream messages from a peer that does not train our stage, or to a trainer: refused
         inf.on_peer(INF, messages.WLead(stage=0, version=99), b"")
         await _settle(inf)
         assert wire.strikes[(INF, INF)] and inf.rt.version == 16

@@ -42,10 +42,14 @@ def test_a_far_future_version_and_a_stage_that_does_not_exist_neither_stall_nor_
     _run(tmp_path, body)
 
 
-def test_twenty_identities_naming_one_stage_are_spread(tmp_path):
+def test_twenty_identities_naming_one_stage_are_capped_and_spread(tmp_path):
     async def body(c, url):
         links = [await join(url, stage=1, num_stages=2, run_id=c.run_id) for _ in range(20)]
-        stages = Counter(link.reply["stage"] for link in links)
+        replies = Counter(link.reply["type"] for link in links)
+        cap = c.config.max_nodes_per_address
+        assert replies == {"welcome": cap, "shutdown": 20 - cap}  # identities are free, addresses are not
+        assert "from your address" in [link.reply for link in links][-1]["reason"]
+        stages = Counter(link.reply["stage"] for link in links if link.reply["type"] == "welcome")
         assert abs(stages[0] - stages[1]) <= 2, stages  # a wish is granted within one of the least-covered
         for link in links:
             await link.close()

@@ -130,6 +130,9 @@ class PlayedSwarm:
     def inference_replicas(self):
         return [[], []]
 
+    def leader(self, stage):
+        return self.stage_replicas()[stage][0]
+
     async def send(self, peer, m):
         runner = self.steps
         if isinstance(m, messages.TrainIn):
