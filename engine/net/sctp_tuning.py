@@ -128,8 +128,9 @@ def _transport_class():
             recent = self._polis_recent_rtt_s
             self._polis_recent_rtt_s = R if recent == 0.0 else 0.75 * recent + 0.25 * R
             margin = self._polis_tuning.rto_margin_s
-            if margin is not None:
-                self._rto = min(self._srtt + max(4 * self._rttvar, margin), SCTP_RTO_MAX)
+            srtt, rttvar = self._srtt, self._rttvar
+            if margin is not None and srtt is not None and rttvar is not None:
+                self._rto = min(srtt + max(4 * rttvar, margin), SCTP_RTO_MAX)
 
     return TunedSctpTransport
 
@@ -153,5 +154,5 @@ def tune_sctp(pc, tuning: SctpTuning) -> bool:
             log.warning("unexpected SCTP transport %s; stock SCTP is used", type(sctp).__name__)
             return False
         sctp.__class__ = _TUNED_CLASS
-    sctp._polis_tuning = tuning
+    setattr(sctp, "_polis_tuning", tuning)  # the tuned class reads it; aiortc's own never does
     return True

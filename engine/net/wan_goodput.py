@@ -84,9 +84,20 @@ async def _timed(meter: _Meter, sender: asyncio.Task, warmup_s: float, window_s:
     finally:
         sender.cancel()
         await asyncio.gather(sender, return_exceptions=True)
-    if sender.done() and not sender.cancelled() and sender.exception() is not None:
-        raise sender.exception()
+    failure = sender.exception() if sender.done() and not sender.cancelled() else None
+    if failure is not None:
+        raise failure
     return {"bytes": nbytes, "seconds": wall, "cpu_s": cpu}
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _resolve_all(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        _resolve(future)
 
 
 def _figures(kind: str, cell: Cell, timed: dict[str, float], wan: WanLink) -> dict[str, Any]:
@@ -109,13 +120,13 @@ async def stock_cell(cell: Cell, *, window_s: float, seed: int = 0, open_timeout
         ch_a = pc_a.createDataChannel("stock", negotiated=True, id=0)
         ch_b = pc_b.createDataChannel("stock", negotiated=True, id=0)
         opened = [loop.create_future(), loop.create_future()]
-        ch_a.on("open", lambda: opened[0].done() or opened[0].set_result(None))
-        ch_b.on("open", lambda: opened[1].done() or opened[1].set_result(None))
+        ch_a.on("open", lambda: _resolve(opened[0]))
+        ch_b.on("open", lambda: _resolve(opened[1]))
         meter = _Meter()
         ch_b.on("message", lambda data: meter.add(len(data)))
         ch_a.bufferedAmountLowThreshold = config.low_water_bytes
         drained: list[asyncio.Future] = []
-        ch_a.on("bufferedamountlow", lambda: [f.done() or f.set_result(None) for f in drained])
+        ch_a.on("bufferedamountlow", lambda: _resolve_all(drained))
         await negotiate_through(pc_a, pc_b, wan.sdp_filter("a"), wan.sdp_filter("b"))
         await asyncio.wait_for(asyncio.gather(*opened), open_timeout_s)
 
