@@ -154,5 +154,5 @@ def tune_sctp(pc, tuning: SctpTuning) -> bool:
             log.warning("unexpected SCTP transport %s; stock SCTP is used", type(sctp).__name__)
             return False
         sctp.__class__ = _TUNED_CLASS
-    setattr(sctp, "_polis_tuning", tuning)  # the tuned class reads it; aiortc's own never does
+    sctp._polis_tuning = tuning  # the tuned class reads it; aiortc's own never does
     return True
