@@ -28,7 +28,7 @@ from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import Node, NodeConfig
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.run_task import DigitRunTask
+from engine.rl.run_task import DigitRunTask
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.weight_votes import WeightAuthority, weights_digest
