@@ -205,30 +205,31 @@ def test_two_real_replicas_differ_between_syncs_agree_bit_for_bit_after_each_and
     assert ma and all(np.array_equal(ma[n], mb[n]) for n in ma)
 
 
-def test_the_coordinator_resyncs_drifted_replicas_only_at_versions_where_diloco_replicas_agree():
+def test_the_coordinator_votes_on_replica_weights_only_at_versions_where_diloco_replicas_agree():
     import asyncio
     from collections import Counter
 
     from engine.swarm.step_runner import StepRunner
 
-    sent: list[tuple[str, object]] = []
+    votes: list[tuple[int, dict, int]] = []
 
-    async def send(peer, message):
-        sent.append((peer, message))
-        return True
+    async def check_weights(stage, digests, version):
+        votes.append((stage, dict(digests), version))
 
     runner = SimpleNamespace(run=RunConfig(replica_sync=ReplicaSyncSettings(mode="diloco", inner_steps=4)),
-                             links=SimpleNamespace(stage_replicas=lambda: [["a", "b"]], send=send),
-                             checkpoints={}, store=None, book=SimpleNamespace(counters=Counter()))
+                             links=SimpleNamespace(stage_replicas=lambda: [["a", "b"]], check_weights=check_weights),
+                             checkpoints={}, checkpoint_versions={}, store=None,
+                             book=SimpleNamespace(counters=Counter()))
 
     def reports(version):
         return {p: messages.Stepped(step=version - 1, version=version, grad_norm=1.0, checksum=c, update_bytes=0,
-                                    dense_bytes=4, checkpoint_path=None) for p, c in (("a", 1.0), ("b", 2.0))}
+                                    dense_bytes=4, checkpoint_path=None, weights_hash=h)
+                for p, c, h in (("a", 1.0, "aa" * 16), ("b", 2.0, "bb" * 16))}
 
     asyncio.run(StepRunner._check_replicas(runner, reports(5), 5))  # between syncs: differing is expected
-    assert sent == []
-    asyncio.run(StepRunner._check_replicas(runner, reports(8), 8))  # right after a sync: b drifted
-    assert [(p, type(m).__name__) for p, m in sent] == [("b", "Sync")] and runner.book.counters["resyncs"] == 1
+    assert votes == []
+    asyncio.run(StepRunner._check_replicas(runner, reports(8), 8))  # right after a sync: the digests are voted on
+    assert votes == [(0, {"a": "aa" * 16, "b": "bb" * 16}, 8)]
 
 
 def test_dense_two_bit_pseudo_gradients_carry_no_indices_and_error_feedback_sends_what_they_round_off():
