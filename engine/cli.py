@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("engine.rl.eval_command", "held-out greedy accuracy of an HF checkpoint on digit or reasoning-gym tasks"),
     "export": ("engine.model.export.command", "write a run's policy version as an HF checkpoint with a model card"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
+    "wan-relay": ("engine.swarm.wan_swarm", "emulate internet links for a swarm on this machine (started by "
+                                             "`polis demo --wan`)"),
 }
 
 #: ``polis bench NAME`` -> (module, one-line help)
