@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "rl": ("engine.bench.rl", "RL: sync vs stale/corrected vs controls, from the base checkpoint"),
     "transport": ("engine.bench.transport", "WebRTC transport: goodput, latency, codecs, WAN"),
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
+    "wan": ("engine.bench.wan", "the demo swarm on loopback vs over emulated internet links"),
     "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
 }
 

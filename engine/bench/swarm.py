@@ -18,6 +18,9 @@ Measured in one run, on this machine:
    groups that carry signal, the in-process trainer drops zero-variance groups
    from its batches.)
 
+With ``--wan PROFILE`` (a profile or a mix, as for ``polis demo --wan``) every swarm
+of the bench runs over the emulated internet; the in-process figures stay as they are.
+
 Where the gap in generation comes from is measured too: the CPU the swarm's
 processes used during the window (Linux ``/proc``), against the one core the
 in-process chain runs on.
@@ -48,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy versions the swarm trains for the accuracy comparison (default 480)")
     parser.add_argument("--eval-every", type=int, default=120, help="versions between held-out evals (default 120)")
     parser.add_argument("--seeds", type=int, default=2, help="in-process runs (seeds) to compare with (default 2)")
+    from engine.swarm.demo import add_wan_arguments
+
+    add_wan_arguments(parser)  # --wan: every swarm of the bench over the emulated internet
 
 
 def _base(args) -> str:
@@ -88,12 +94,17 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
     return tokens / elapsed
 
 
-def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, window_s: float) -> dict[str, Any]:
-    """Start a swarm that only generates; measure tokens and wire bytes over ``window_s``."""
+def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, window_s: float,
+                  wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """Start a swarm that only generates; measure tokens and wire bytes over ``window_s``.
+
+    ``wan``: (mix, profile file) of an emulated internet (``polis demo --wan``), or (None, None).
+    """
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0,
-                              set=settings + ["prompts_per_step=4096", "eval_every_versions=0"])
+                              set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
+                              wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     try:
@@ -145,12 +156,13 @@ def _cumulative_samples(versions: list[dict[str, Any]]) -> dict[int, int]:
     return out
 
 
-def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int) -> dict[str, Any]:
+def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
+                    wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
     """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``."""
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
-                              set=[f"eval_every_versions={eval_every}"])
+                              set=[f"eval_every_versions={eval_every}"], wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     started = time.monotonic()
@@ -230,11 +242,12 @@ def run(args: argparse.Namespace) -> int:
         print("1/5 in-process generation...", file=out, flush=True)
         inproc_tok_s = _in_process_generation(base, run_cfg, args.window_s)
         print("2/5 swarm generation, int8 activations...", file=out, flush=True)
-        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, args.window_s)
+        wan = (args.wan, args.wan_profiles)
+        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, args.window_s, wan)
         print("3/5 swarm generation, fp32 activations...", file=out, flush=True)
-        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s)
+        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s, wan)
         print(f"4/5 swarm training, 2 stages x 2 replicas, {args.versions} versions...", file=out, flush=True)
-        swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every)
+        swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every, wan)
         points = [p["samples"] for p in swarm["curve"]]
         print(f"5/5 in-process training to the same samples ({points[-1]}), {args.seeds} seed(s)...", file=out,
               flush=True)
@@ -244,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
     gaps = _gaps(swarm["curve"], [r["curve"] for r in local])
     final = gaps[-1]
     result = {
+        "wan": args.wan,  # None: loopback links
         "generation_tok_s_webrtc": int8["tok_s"], "generation_tok_s_inprocess": inproc_tok_s,
         "generation_ratio": int8["tok_s"] / inproc_tok_s,
         "generation_tok_s_webrtc_fp32": fp32["tok_s"],

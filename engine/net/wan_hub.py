@@ -10,9 +10,10 @@ impaired by the shaper of the ordered pair (``src``, ``dst``) -- made on first u
 from :func:`~engine.net.wan_profiles.link_impairment` of the two endpoints'
 profiles -- and sent to ``dst`` from the stand-in of ``src``. No peer ids are
 needed: aiortc gives every connection its own UDP socket, so an endpoint pair *is*
-a link, and both ends registered before either could send (an offer is sent only
-after its filter returned, an answer likewise). Each link has its own shaper:
-the links of one node do not share its uplink rate.
+a link. The offerer is registered before anyone knows its stand-in; the answerer
+may start its ICE checks before its answer (and so its endpoint) is registered:
+those first checks are dropped (``dropped_unknown``) and ICE repeats them. Each
+link has its own shaper: the links of one node do not share its uplink rate.
 
 Control messages (:data:`CONTROL`): ``register`` (profile name, endpoints) ->
 ``registered`` (stand-ins, in order) or ``refused`` (reason); ``stats`` ->
