@@ -12,6 +12,11 @@ without optimiser state, takes no training work, serves generation routes only,
 and its stage's leader trainer streams it int8 weight deltas against a shared
 shadow after every step, so it never drifts (``engine.swarm.inference_replica``).
 
+``--wan-relay HOST:PORT`` (``POLIS_WAN_RELAY``) sends every peer link through an
+emulated-WAN relay (``engine.net.wan_hub``; ``polis demo --wan`` starts one) as a node
+on ``--wan-profile``; ``--signal-url`` replaces the signalling URL of the welcome (a
+node that joins through a proxy signals through it too).
+
 With ``--control stdio`` the node speaks ``engine.control_protocol``: commands
 on stdin, events on stdout (logs on stderr). It starts contributing at once;
 ``pause`` leaves the swarm but keeps the process, ``start`` rejoins, ``stop`` (or
