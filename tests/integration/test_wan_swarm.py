@@ -71,7 +71,7 @@ def test_two_peers_on_different_profiles_link_only_through_the_hub_with_their_co
 
 @pytest.mark.slow
 def test_the_demo_swarm_trains_over_a_mix_with_one_home_node_and_loses_no_rollout(tmp_path):
-    argv = polis_command("demo", "--json", "--quiet", "--minutes", "1.5", "--max-versions", "6",
+    argv = polis_command("demo", "--json", "--quiet", "--minutes", "3", "--max-versions", "4",
                          "--wan", "home:1,continental", "--run-dir", str(tmp_path / "run"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
