@@ -98,16 +98,17 @@ class TcpDelayProxy:
         self._writers.add(up_writer)
         self.counters.connections += 1
         n = self.counters.connections
-        up = self._spawn(self._pump(reader, up_writer, _Direction(self.upstream), "bytes_up"), f"tcp-proxy-up-{n}")
-        down = self._spawn(self._pump(up_reader, writer, _Direction(self.downstream), "bytes_down"),
-                           f"tcp-proxy-down-{n}")
+        up = self._spawn(self._pump(reader, up_writer, _Direction(self.upstream), "bytes_up", f"tcp-proxy-up-{n}"),
+                         f"tcp-proxy-up-{n}")
+        down = self._spawn(self._pump(up_reader, writer, _Direction(self.downstream), "bytes_down",
+                                      f"tcp-proxy-down-{n}"), f"tcp-proxy-down-{n}")
         await asyncio.gather(up, down, return_exceptions=True)
         for w in (writer, up_writer):
             w.close()
             self._writers.discard(w)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: _Direction,
-                    counter: str) -> None:
+                    counter: str, name: str) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
         loop = asyncio.get_running_loop()
 
@@ -120,7 +121,7 @@ class TcpDelayProxy:
             finally:
                 await queue.put((direction.delivery(0, loop.time()), b""))  # end of stream, behind everything read
 
-        reading = self._spawn(read(), f"{asyncio.current_task().get_name()}-read")
+        reading = self._spawn(read(), f"{name}-read")
         try:
             while True:
                 when, data = await queue.get()

@@ -273,7 +273,8 @@ async def relay_sdp(control: Address, profile: str, sdp: str) -> str:
     if not isinstance(answer, Registered):
         reason = answer.reason if isinstance(answer, Refused) else type(answer).__name__
         raise OSError(f"the WAN relay refused our endpoints: {reason}")
-    return rewrite_sdp_candidates(sdp, dict(zip(candidates[:16], (tuple(s) for s in answer.stand_ins))))
+    stand_ins: list[Address] = [(str(host), int(port)) for host, port in answer.stand_ins]
+    return rewrite_sdp_candidates(sdp, dict(zip(candidates[:16], stand_ins)))
 
 
 def hub_sdp_filter(control: Address, profile: str) -> Callable[[str], Awaitable[str]]:

@@ -225,7 +225,7 @@ class DemoSwarm:
         self.group = DemoProcesses(run_dir)
         self.procs = self.group.procs
         self.token_file = run_dir / "admin-token"
-        self.wan = None  # the WanRelay of a --wan run
+        self.wan: Any = None  # the WanRelay of a --wan run (engine.swarm.wan_swarm)
 
     def start(self) -> None:
         a = self.args

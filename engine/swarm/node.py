@@ -152,7 +152,7 @@ class Node:
         self.status = NodeStatus(ctx, coordinator_url=config.coordinator_url, report_every_s=config.report_every_s,
                                  emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
                                  link_count=self.links.link_count if self.links else lambda: 0,
-                                 limits=self.limits)
+                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict)
         ctx.on_status = self.status.emit_status
         if coordinator is None:
             self.session = ctx.coordinator = CoordinatorSession(

@@ -148,6 +148,12 @@ class PeerLinks:
             self._closed_bytes[0] += link.stats.wire_bytes_sent
             self._closed_bytes[1] += link.stats.wire_bytes_received
 
+    def rtt_ms(self) -> dict[str, float]:
+        """Measured round trip (SCTP's smoothed RTT, milliseconds) of every open link that has one."""
+        if self._pm is None:
+            return {}
+        return {peer: round(1e3 * link.rtt_s, 3) for peer, link in self._pm.links.items() if link.rtt_s is not None}
+
     def bytes_moved(self) -> tuple[float, float]:
         """Wire bytes ``(sent, received)`` over every link this node had."""
         sent, received = self._closed_bytes
