@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_serve(args))
     except ValueError as exc:
-        print(f"polis wan-relay: {exc}")
+        print(f"polis wan-relay: {exc}", file=sys.stderr)
         return 2
 
 

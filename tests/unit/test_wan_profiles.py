@@ -82,3 +82,29 @@ def test_an_invalid_profile_file_is_refused_with_its_path(tmp_path, body):
     path.write_text(body)
     with pytest.raises(ValueError, match="links.toml"):
         load_profiles(path)
+
+
+def test_a_node_with_a_malformed_relay_address_stops_with_a_clear_error(capsys):
+    from engine.cli import main
+
+    assert main(["node", "--coordinator", "http://127.0.0.1:1", "--wan-relay", "nowhere"]) == 2
+    assert "--wan-relay: 'nowhere' is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_demo_refuses_an_unknown_profile_before_starting_any_node(tmp_path):
+    from engine.swarm.demo import DemoProcesses
+    from engine.swarm.wan_swarm import WanRelay
+
+    processes = DemoProcesses(tmp_path)
+    with pytest.raises(RuntimeError, match="unknown WAN profile 'mars'"):
+        WanRelay.start(processes, tmp_path, "mars", 4, 1)
+    assert processes.procs == []
+
+
+def test_a_relayed_node_joins_through_its_own_proxy_and_names_its_profile():
+    from engine.swarm.wan_swarm import WanRelay
+
+    relay = WanRelay(("127.0.0.1", 9000), [9101, 9102], ["metro", "home"])
+    assert relay.coordinator_url(1) == "http://127.0.0.1:9102"
+    assert relay.node_args(1) == ["--signal-url", "ws://127.0.0.1:9102/signal", "--wan-relay", "127.0.0.1:9000",
+                                  "--wan-profile", "home"]
