@@ -82,6 +82,7 @@ def profile_result(profile: str, summary: dict[str, Any], minutes: float) -> dic
         "relay_forwarded": total.get("forwarded"), "relay_dropped_loss": total.get("dropped_loss"),
         "relay_dropped_queue": total.get("dropped_queue"), "relay_links": total.get("links"),
         "wan_profiles": (summary.get("wan") or {}).get("profiles"),
+        "in_flight": summary.get("in_flight"),  # per route at the end: the pacer's limit, cycle and step times
     }
 
 

@@ -317,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         swarm.start()
         stats = _watch(swarm, args, started, out)
         summary = _summary(stats, time.monotonic() - started, args)
+        summary["in_flight"] = stats.get("in_flight")  # per route: jobs in flight and why (engine.swarm.inflight)
         if swarm.wan is not None:
             summary["wan"] = {"mix": args.wan, "profiles": swarm.wan.profiles, "relay": swarm.wan.stats()}
         _print_table(summary, stats, out)

@@ -83,3 +83,5 @@ def test_the_demo_swarm_trains_over_a_mix_with_one_home_node_and_loses_no_rollou
     kinds = wan["relay"]["kinds"]
     assert kinds["home->continental"]["forwarded"] > 0 and kinds["continental->home"]["forwarded"] > 0
     assert kinds["continental->continental"]["forwarded"] > 0
+    paced = [r for r in summary["in_flight"] if "cycle_ms" in r]  # the nodes' reports reached the pacer
+    assert paced and all(r["network_ms"] > 40 and 1 <= r["limit"] <= r["ceiling"] for r in paced)
