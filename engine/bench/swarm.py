@@ -107,7 +107,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
     """
     from engine.swarm.demo import DemoSwarm
 
-    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0,
+    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0, model=None,
                               set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
                               wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
@@ -166,7 +166,7 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
     """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``."""
     from engine.swarm.demo import DemoSwarm
 
-    args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
+    args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions, model=None,
                               set=[f"eval_every_versions={eval_every}"], wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
