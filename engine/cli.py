@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("engine.rl.eval_command", "held-out greedy accuracy of an HF checkpoint on digit or reasoning-gym tasks"),
     "export": ("engine.model.export.command", "write a run's policy version as an HF checkpoint with a model card"),
     "make-base": ("engine.rl.make_base", "rebuild the shipped base checkpoint (supervised warm-up)"),
+    "wan-relay": ("engine.swarm.wan_swarm", "emulate internet links for a swarm on this machine (started by "
+                                             "`polis demo --wan`)"),
 }
 
 #: ``polis bench NAME`` -> (module, one-line help)
@@ -39,6 +41,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "transport": ("engine.bench.transport", "WebRTC transport: goodput, latency, codecs, WAN"),
     "swarm": ("engine.bench.swarm", "swarm over WebRTC vs in-process"),
     "act": ("engine.bench.act", "stage-boundary activation encodings: accuracy, learning, bytes"),
+    "wan": ("engine.bench.wan", "the demo swarm on loopback vs over emulated internet links"),
     "weights": ("engine.bench.weight_stream", "weight deltas to inference replicas: bytes and drift"),
     "comm": ("engine.bench.comm", "communication schemes: replica-update bytes per sample vs accuracy"),
     "trust": ("engine.bench.trust", "poisoned rollouts and replica shares vs a clean run: accuracy, steps lost"),

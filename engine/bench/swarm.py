@@ -18,6 +18,11 @@ Measured in one run, on this machine:
    groups that carry signal, the in-process trainer drops zero-variance groups
    from its batches.)
 
+With ``--wan PROFILE`` (a profile or a mix, as for ``polis demo --wan``) every swarm
+of the bench runs over the emulated internet; the in-process figures stay as they are.
+``--only generation`` measures generation alone: in process, over WebRTC on loopback
+and, with ``--wan``, over the emulated internet, with each route's jobs in flight.
+
 Where the gap in generation comes from is measured too: the CPU the swarm's
 processes used during the window (Linux ``/proc``), against the one core the
 in-process chain runs on.
@@ -48,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy versions the swarm trains for the accuracy comparison (default 480)")
     parser.add_argument("--eval-every", type=int, default=120, help="versions between held-out evals (default 120)")
     parser.add_argument("--seeds", type=int, default=2, help="in-process runs (seeds) to compare with (default 2)")
+    parser.add_argument("--only", choices=["all", "generation"], default="all",
+                        help="generation: only the generation windows (in-process, WebRTC on loopback and, with "
+                             "--wan, over the emulated internet), a few minutes")
+    from engine.swarm.demo import add_wan_arguments
+
+    add_wan_arguments(parser)  # --wan: every swarm of the bench over the emulated internet
 
 
 def _base(args) -> str:
@@ -88,12 +99,17 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
     return tokens / elapsed
 
 
-def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, window_s: float) -> dict[str, Any]:
-    """Start a swarm that only generates; measure tokens and wire bytes over ``window_s``."""
+def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, window_s: float,
+                  wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """Start a swarm that only generates; measure tokens and wire bytes over ``window_s``.
+
+    ``wan``: (mix, profile file) of an emulated internet (``polis demo --wan``), or (None, None).
+    """
     from engine.swarm.demo import DemoSwarm
 
-    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0,
-                              model=None, set=settings + ["prompts_per_step=4096", "eval_every_versions=0"])
+    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0, model=None,
+                              set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
+                              wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     try:
@@ -118,7 +134,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
         cpu = {"coordinator": (cpu1[0] - cpu0[0]) / (t1 - t0),
                "nodes": [(b - a) / (t1 - t0) for a, b in zip(cpu0[1:], cpu1[1:])]}
     return {"tok_s": tokens / (t1 - t0), "bytes_per_token": wire / max(tokens, 1), "tokens": tokens,
-            "cpu_cores": cpu}
+            "cpu_cores": cpu, "in_flight": last.get("in_flight"), "jobs_in_flight": last.get("jobs_in_flight")}
 
 
 def _cpu_seconds(procs) -> list[float] | None:
@@ -146,13 +162,16 @@ def _cumulative_samples(versions: list[dict[str, Any]]) -> dict[int, int]:
 
 
 def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
-                    settings: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+                    settings: list[str] | tuple[str, ...] = (),
+                    wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
     """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``;
-    ``settings``: run-setting overrides (``KEY=VALUE``, as ``polis demo --set``)."""
+    ``settings``: run-setting overrides (``KEY=VALUE``, as ``polis demo --set``); ``wan``: as for
+    ``_swarm_window``."""
     from engine.swarm.demo import DemoSwarm
 
     args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
-                              model=None, set=[*settings, f"eval_every_versions={eval_every}"])
+                              model=None, set=[*settings, f"eval_every_versions={eval_every}"],
+                              wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     started = time.monotonic()
@@ -227,6 +246,26 @@ def _gaps(swarm_curve: list[dict], local_curves: list[list[dict]]) -> list[dict[
     return out
 
 
+def _generation_only(args: argparse.Namespace, base: str, run_cfg, tmp: Path, out) -> dict[str, Any]:
+    """In-process vs WebRTC on loopback vs (with ``--wan``) WebRTC over the emulated internet."""
+    print("1/3 in-process generation...", file=out, flush=True)
+    inproc = _in_process_generation(base, run_cfg, args.window_s)
+    print("2/3 swarm generation on loopback...", file=out, flush=True)
+    loop = _swarm_window(base, tmp / "loopback", [], 1, args.window_s)
+    wan = None
+    if args.wan:
+        print(f"3/3 swarm generation over '{args.wan}'...", file=out, flush=True)
+        wan = _swarm_window(base, tmp / "wan", [], 1, args.window_s, (args.wan, args.wan_profiles))
+    result = {"wan": args.wan, "generation_tok_s_inprocess": inproc, "generation_tok_s_webrtc": loop["tok_s"],
+              "generation_ratio": loop["tok_s"] / inproc, "loopback_in_flight": loop["in_flight"],
+              "generation_tok_s_wan": wan and wan["tok_s"], "wan_in_flight": wan and wan["in_flight"],
+              "wan_vs_loopback": wan and wan["tok_s"] / loop["tok_s"], "window_s": args.window_s}
+    print(f"generation: in-process {inproc:.0f} tok/s, WebRTC loopback {loop['tok_s']:.0f}"
+          + (f", over {args.wan} {wan['tok_s']:.0f} ({result['wan_vs_loopback']:.2f}x loopback)" if wan else ""),
+          file=out)
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.swarm.run_config import RunConfig
 
@@ -235,15 +274,24 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     tmp = Path(tempfile.mkdtemp(prefix="polis-bench-swarm-"))
     started = time.monotonic()
+    if args.only == "generation":
+        try:
+            result = _generation_only(args, base, run_cfg, tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if args.json:
+            print(json.dumps(result))
+        return 0
     try:
         print("1/5 in-process generation...", file=out, flush=True)
         inproc_tok_s = _in_process_generation(base, run_cfg, args.window_s)
         print("2/5 swarm generation, int8 activations...", file=out, flush=True)
-        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, args.window_s)
+        wan = (args.wan, args.wan_profiles)
+        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, args.window_s, wan)
         print("3/5 swarm generation, fp32 activations...", file=out, flush=True)
-        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s)
+        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s, wan)
         print(f"4/5 swarm training, 2 stages x 2 replicas, {args.versions} versions...", file=out, flush=True)
-        swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every)
+        swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every, wan=wan)
         points = [p["samples"] for p in swarm["curve"]]
         print(f"5/5 in-process training to the same samples ({points[-1]}), {args.seeds} seed(s)...", file=out,
               flush=True)
@@ -253,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     gaps = _gaps(swarm["curve"], [r["curve"] for r in local])
     final = gaps[-1]
     result = {
+        "wan": args.wan,  # None: loopback links
         "generation_tok_s_webrtc": int8["tok_s"], "generation_tok_s_inprocess": inproc_tok_s,
         "generation_ratio": int8["tok_s"] / inproc_tok_s,
         "generation_tok_s_webrtc_fp32": fp32["tok_s"],

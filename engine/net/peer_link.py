@@ -109,6 +109,12 @@ class PeerLink:
         return self._pc
 
     @property
+    def rtt_s(self) -> float | None:
+        """SCTP's smoothed round trip to the peer in seconds (None before its first measurement)."""
+        srtt = getattr(getattr(self._pc, "sctp", None), "_srtt", None)  # aiortc keeps RFC 4960's SRTT privately
+        return float(srtt) if isinstance(srtt, (int, float)) and srtt >= 0 else None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -19,11 +19,12 @@ It does not know what the links carry.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from engine.net.errors import AuthenticationError, LinkClosed, ProtocolViolation
 from engine.net.peer_link import LinkConfig, PeerLink
@@ -65,7 +66,7 @@ class PeerManager:
     """Links to peers, by peer id, over one signalling connection."""
 
     def __init__(self, signalling: SignallingClient, config: PeerManagerConfig | None = None, *,
-                 sdp_filter: Callable[[str], str] | None = None,
+                 sdp_filter: Callable[[str], str | Awaitable[str]] | None = None,
                  accept_peer: Callable[[str], bool] | None = None,
                  validator: Callable[[dict], Any] | None = None) -> None:
         self.signalling = signalling
@@ -107,8 +108,12 @@ class PeerManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _outgoing_sdp(self, sdp: str) -> str:
-        return self.sdp_filter(sdp) if self.sdp_filter is not None else sdp
+    async def _outgoing_sdp(self, sdp: str) -> str:
+        """``sdp`` through ``sdp_filter`` (sync, or async such as ``engine.net.wan_hub.hub_sdp_filter``)."""
+        if self.sdp_filter is None:
+            return sdp
+        result = self.sdp_filter(sdp)
+        return await result if inspect.isawaitable(result) else result
 
     # ------------------------------------------------------------ outgoing
 
@@ -144,7 +149,8 @@ class PeerManager:
 
         pc = link.pc
         await pc.setLocalDescription(await pc.createOffer())
-        await self.signalling.send(link.peer_id, "offer", session, self._outgoing_sdp(pc.localDescription.sdp))
+        offer_sdp = await self._outgoing_sdp(pc.localDescription.sdp)
+        await self.signalling.send(link.peer_id, "offer", session, offer_sdp)
         result = await pending.future
         if isinstance(result, PeerLink):
             return result
@@ -235,7 +241,8 @@ class PeerManager:
                 await self._reject(peer, offer.session, f"offer is not usable SDP: {type(exc).__name__}")
                 raise ProtocolViolation(f"unusable offer: {exc}") from exc
             await pc.setLocalDescription(await pc.createAnswer())
-            await self.signalling.send(peer, "answer", offer.session, self._outgoing_sdp(pc.localDescription.sdp))
+            answer_sdp = await self._outgoing_sdp(pc.localDescription.sdp)
+            await self.signalling.send(peer, "answer", offer.session, answer_sdp)
             await link.wait_open(self.config.connect_timeout_s)
         except Exception as exc:  # aiortc raises its own errors; an offer must never crash the node
             log.warning("incoming link from %s failed: %s: %s", peer, type(exc).__name__, exc)

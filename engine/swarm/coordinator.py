@@ -438,6 +438,8 @@ class Coordinator:
                          for v in self.store.versions()],
             "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
+            # per route: the jobs in flight it gets and why (engine.swarm.inflight)
+            "in_flight": generation.pacer.snapshot(self.members.gen_routes(), self.run.generations_in_flight),
             "samples": list(generation.samples), "monitor": self.monitor.figures,
             "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},

@@ -104,6 +104,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live progress lines")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting of the coordinator (repeatable), e.g. --set lr=0.001")
+    add_wan_arguments(parser)
+
+
+def add_wan_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--wan`` and ``--wan-profiles``: the same options for ``polis demo`` and the swarm benches."""
+    parser.add_argument("--wan", default=None, metavar="PROFILE",
+                        help="run every link over an emulated internet: a profile (metro, continental, home) or "
+                             "a mix such as home:1,metro (node 1 on home, the rest metro); see the README")
+    parser.add_argument("--wan-profiles", default=None, metavar="FILE",
+                        help="TOML file of extra WAN profiles (default: $POLIS_WAN_PROFILES)")
 
 
 def _free_port() -> int:
@@ -241,6 +251,7 @@ class DemoSwarm:
         self.group = DemoProcesses(run_dir)
         self.procs = self.group.procs
         self.token_file = run_dir / "admin-token"
+        self.wan: Any = None  # the WanRelay of a --wan run (engine.swarm.wan_swarm)
 
     def start(self) -> None:
         a = self.args
@@ -253,9 +264,16 @@ class DemoSwarm:
             if time.monotonic() > deadline or self.procs[0].poll() is not None:
                 raise RuntimeError(f"the coordinator did not start; see {self.run_dir / 'coordinator.log'}")
             time.sleep(0.2)
-        for i in range(a.stages * a.replicas):
-            self.group.spawn(f"node{i}", node_argv(i, self.url, self.run_dir, backend=a.backend,
-                                                   checkpoint=a.checkpoint))
+        nodes = a.stages * a.replicas
+        if getattr(a, "wan", None):
+            from engine.swarm.wan_swarm import WanRelay
+
+            self.wan = WanRelay.start(self.group, self.run_dir, a.wan, nodes, self.port,
+                                       getattr(a, "wan_profiles", None))
+        for i in range(nodes):
+            url = self.wan.coordinator_url(i) if self.wan else self.url
+            argv = node_argv(i, url, self.run_dir, backend=a.backend, checkpoint=a.checkpoint)
+            self.group.spawn(f"node{i}", argv + (self.wan.node_args(i) if self.wan else []))
 
     def stats(self) -> dict[str, Any]:
         """The coordinator's stats; a slow answer is retried for :data:`STATS_PATIENCE_S` seconds."""
@@ -332,7 +350,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     try:
         print(f"Starting a swarm on this machine: 1 coordinator + {args.stages} stages x {args.replicas} replicas "
-              f"= {args.stages * args.replicas} node processes, talking over WebRTC on 127.0.0.1.", file=out)
+              f"= {args.stages * args.replicas} node processes, talking over WebRTC on 127.0.0.1"
+              + (f" through an emulated internet ({args.wan})." if args.wan else "."), file=out)
         print(f"Logs: {run_dir}", file=out)
         if args.model:
             ensure_imported(args.model, out)
@@ -340,6 +359,9 @@ def run(args: argparse.Namespace) -> int:
         version_times = VersionTimes()
         stats = _watch(swarm, args, started, out, version_times)
         summary = _summary(stats, time.monotonic() - started, args, version_times)
+        summary["in_flight"] = stats.get("in_flight")  # per route: jobs in flight and why (engine.swarm.inflight)
+        if swarm.wan is not None:
+            summary["wan"] = {"mix": args.wan, "profiles": swarm.wan.profiles, "relay": swarm.wan.stats()}
         if args.env:
             swarm.stop()  # the base's no-tool eval below wants the cores
             summary["eval_without_tool_before"] = _without_tool(run_dir, out)

@@ -51,6 +51,13 @@ MAX_KEPT_CACHES = 256
 JOB_ERRORS = (ProtocolViolation, NetError, LinkClosed, ValueError, RuntimeError, asyncio.TimeoutError)
 
 
+def _timed(fn, *args, **kwargs):
+    """Compute thread: ``fn``'s result and the seconds it took (queueing on the thread excluded)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
 @dataclass
 class _FirstStageJob:
     """What stage 0 keeps while a generation job decodes."""
@@ -168,6 +175,15 @@ class Generation:
             book.pop(job, None)
 
     # ------------------------------------------------------------------ steps
+    async def _compute(self, fn, *args, **kwargs):
+        """One decoding step of this stage on the compute thread, its compute time counted
+        (``gen_compute_s`` / ``gen_steps``: the coordinator paces jobs in flight by them)."""
+        result, seconds = await self.ctx.compute.run(_timed, fn, *args, **kwargs)
+        counters = self.ctx.counters
+        counters["gen_compute_s"] = counters.get("gen_compute_s", 0.0) + seconds
+        counters["gen_steps"] = counters.get("gen_steps", 0.0) + 1
+        return result
+
     async def _start(self, msg: Gen) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
         route = msg.route
@@ -197,8 +213,8 @@ class Generation:
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
             await self._sample(job, state.route, state.params, [], x, counted=True)
             return
-        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, job, x,
-                                                ctx.stage.run_cfg.activation_encoding)
+        tensor, payload = await self._compute(forward_encoded, rt.gen_forward, job, x,
+                                              ctx.stage.run_cfg.activation_encoding)
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket), payload)
@@ -213,8 +229,8 @@ class Generation:
             raise ProtocolViolation("too many generation jobs in flight")
         self._mid_touch[header.job] = time.monotonic()
         await self._enter(header.job, header.params, x)
-        tensor, payload = await ctx.compute.run(forward_encoded, rt.gen_forward, header.job, x,
-                                                ctx.stage.run_cfg.activation_encoding)
+        tensor, payload = await self._compute(forward_encoded, rt.gen_forward, header.job, x,
+                                              ctx.stage.run_cfg.activation_encoding)
         hop = header.hop + 1
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
                                                         tensor=tensor), payload)
@@ -238,8 +254,8 @@ class Generation:
             raise ProtocolViolation("generation step does not match its job")
         state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
         state.touched = time.monotonic()
-        tokens, logprobs = await ctx.compute.run(rt.gen_sample, job, x, temperature=params.temperature,
-                                                 top_p=params.top_p, seed=params.seed, step=state.steps)
+        tokens, logprobs = await self._compute(rt.gen_sample, job, x, temperature=params.temperature,
+                                               top_p=params.top_p, seed=params.seed, step=state.steps)
         for r in range(state.rows):
             if not state.finished[r]:
                 state.tokens[r].append(int(tokens[r]))

@@ -351,6 +351,11 @@ class Report(WireMessage, frozen=True, tag="report"):
     bytes_sent: Count  # on peer links
     bytes_received: Count  # on peer links
     uptime_s: Count  # seconds since the node started
+    # (the fields above are deltas since the last report and go to the ledger; those below pace generation)
+    gen_compute_s: Count = 0.0  # compute-thread seconds of generation steps since the last report
+    gen_steps: Count = 0.0  # generation steps (one job, one stage, one token) in those seconds
+    link_rtt_ms: Annotated[dict[PeerId, Annotated[float, Meta(ge=0.0, le=600_000.0)]],
+                           Meta(max_length=MAX_PEERS)] = {}  # smoothed round trip of each open peer link
 
 
 NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, ProxDone, MbFailed, Stepped,

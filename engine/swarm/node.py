@@ -81,6 +81,11 @@ class NodeConfig:
     inference_only: join as an inference replica: hold one stage without optimiser state,
       take no training work, serve generation only, and follow the stage leader's weights
       through quantised deltas (announced to the coordinator in the signed hello).
+    signal_url: signalling websocket to use instead of the one the welcome names (a node that
+      reaches the coordinator through a proxy reaches its signalling through it too).
+    wan_relay: ``host:port`` control address of an emulated-WAN relay (``engine.net.wan_hub``):
+      every outgoing SDP is pointed at its stand-ins, so every link to a peer crosses it.
+    wan_profile: this node's access-link profile at that relay (``engine.net.wan_profiles``).
     """
 
     coordinator_url: str
@@ -96,6 +101,18 @@ class NodeConfig:
     reconnect_max_s: float = 10.0
     share_timeout_s: float = 20.0
     inference_only: bool = False
+    signal_url: str | None = None
+    wan_relay: str | None = None
+    wan_profile: str = "metro"
+
+
+def _wan_filter(config: NodeConfig):
+    """The outgoing-SDP hook that sends every link through ``config.wan_relay`` (None without one)."""
+    if not config.wan_relay:
+        return None
+    from engine.net.wan_hub import hub_sdp_filter, parse_address
+
+    return hub_sdp_filter(parse_address(config.wan_relay), config.wan_profile)
 
 
 class Node:
@@ -124,7 +141,8 @@ class Node:
         if peers is None:
             self.links = ctx.peers = PeerLinks(identity, ctx.tasks, self.on_peer,
                                                accept_peer=ctx.membership.is_member,
-                                               upload_mbps=config.upload_mbps, download_mbps=config.download_mbps)
+                                               upload_mbps=config.upload_mbps, download_mbps=config.download_mbps,
+                                               sdp_filter=_wan_filter(config))
         self.generation = Generation(ctx)
         self.training = Training(ctx)
         self.leader = WeightStreamLeader(ctx)
@@ -136,7 +154,7 @@ class Node:
                                  report_every_s=config.report_every_s,
                                  emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
                                  link_count=self.links.link_count if self.links else lambda: 0,
-                                 limits=self.limits)
+                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict)
         ctx.on_status = self.status.emit_status
         if coordinator is None:
             self.session = ctx.coordinator = CoordinatorSession(
@@ -278,7 +296,7 @@ class Node:
         optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer",
                                     lora=stage.run_cfg.lora.backend_config())
         if self.links is not None:
-            await self.links.start(welcome.signal_url)
+            await self.links.start(self.config.signal_url or welcome.signal_url)
         keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
         if not keep:
             await self.replica.before_load()

@@ -12,6 +12,11 @@ without optimiser state, takes no training work, serves generation routes only,
 and its stage's leader trainer streams it int8 weight deltas against a shared
 shadow after every step, so it never drifts (``engine.swarm.inference_replica``).
 
+``--wan-relay HOST:PORT`` (``POLIS_WAN_RELAY``) sends every peer link through an
+emulated-WAN relay (``engine.net.wan_hub``; ``polis demo --wan`` starts one) as a node
+on ``--wan-profile``; ``--signal-url`` replaces the signalling URL of the welcome (a
+node that joins through a proxy signals through it too).
+
 With ``--control stdio`` the node speaks ``engine.control_protocol``: commands
 on stdin, events on stdout (logs on stderr). It starts contributing at once;
 ``pause`` leaves the swarm but keeps the process, ``start`` rejoins, ``stop`` (or
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
@@ -55,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="join as an inference replica: hold one stage without optimiser state, do no "
                              "training, serve generation only, and follow the stage leader's weights through "
                              "quantised deltas")
+    parser.add_argument("--signal-url", default=None, metavar="URL",
+                        help="signalling websocket to use instead of the one the coordinator names (e.g. through "
+                             "the same proxy as --coordinator)")
+    parser.add_argument("--wan-relay", default=os.environ.get("POLIS_WAN_RELAY") or None, metavar="HOST:PORT",
+                        help="send every peer link through the emulated-WAN relay whose control address this is "
+                             "(default: $POLIS_WAN_RELAY; `polis demo --wan` starts one)")
+    parser.add_argument("--wan-profile", default=os.environ.get("POLIS_WAN_PROFILE") or "metro", metavar="NAME",
+                        help="this node's link profile at that relay (default: $POLIS_WAN_PROFILE or metro)")
     parser.add_argument("--selftest", action="store_true",
                         help="load a stage of the base checkpoint, run one forward pass, print the result and exit")
     add_limit_arguments(parser)
@@ -176,7 +190,8 @@ async def _main(args) -> int:
                             base_checkpoint=args.checkpoint, data_dir=args.data_dir,
                             cpu_threads=limits.get("cpu_threads"), max_layers=args.max_layers,
                             upload_mbps=limits.get("upload_mbps"), download_mbps=limits.get("download_mbps"),
-                            inference_only=args.inference_only)
+                            inference_only=args.inference_only, signal_url=args.signal_url,
+                            wan_relay=args.wan_relay, wan_profile=args.wan_profile)
         node = Node(config, identity, on_event=control.emit)
         await node.start_compute()
         control.emit("hello", version=__version__, peer_id=identity.peer_id, fingerprint=identity.fingerprint,
@@ -234,6 +249,14 @@ def run(args) -> int:
     if not (args.coordinator or args.lan or args.demo):
         print("polis node: choose a swarm: --coordinator URL, --lan or --demo", file=sys.stderr)
         return 2
+    if args.wan_relay:
+        from engine.net.wan_hub import parse_address
+
+        try:
+            parse_address(args.wan_relay)
+        except ValueError as exc:
+            print(f"polis node: --wan-relay: {exc}", file=sys.stderr)
+            return 2
     if not 0 <= args.lan_port <= 65535:
         print("polis node: --lan-port must be in 0-65535 (0: any free port)", file=sys.stderr)
         return 2

@@ -108,5 +108,7 @@ class NodeReports:
                 name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
-        counters = {name: getattr(message, name) for name in message.__struct_fields__}
+        pacing = ("gen_compute_s", "gen_steps", "link_rtt_ms")  # measurements, not ledger counters
+        counters = {name: getattr(message, name) for name in message.__struct_fields__ if name not in pacing}
         self.store.add_to_ledger(session.peer_id, **counters)
+        self.generation.pacer.observe(session.peer_id, message.gen_compute_s, message.gen_steps, message.link_rtt_ms)

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from engine.swarm.messages import Report
+from engine.swarm.messages import MAX_PEERS, Report
 from engine.swarm.node_context import NodeContext
 
 log = logging.getLogger(__name__)
@@ -44,19 +44,21 @@ class NodeStatus:
     def __init__(self, ctx: NodeContext, *, coordinator_url: str, report_every_s: float,
                  emit: Callable[..., None], bytes_moved: Callable[[], tuple[float, float]],
                  link_count: Callable[[], int], expire: Callable[[float], None],
-                 limits: dict[str, Any]) -> None:
+                 limits: dict[str, Any], link_rtt_ms: Callable[[], dict[str, float]] = dict) -> None:
         self.ctx = ctx
         self.coordinator_url = coordinator_url
         self.report_every_s = report_every_s
         self.emit = emit
         self.bytes_moved = bytes_moved
         self.link_count = link_count
+        self.link_rtt_ms = link_rtt_ms
         self.expire = expire
         self.limits = limits
         self.state = "idle"
         self._started = time.monotonic()
         self._reported = {"tokens_generated": 0.0, "microbatches_trained": 0.0, "bytes_sent": 0.0,
-                          "bytes_received": 0.0, "uptime_s": 0.0}
+                          "bytes_received": 0.0, "uptime_s": 0.0,
+                          "gen_compute_s": 0.0, "gen_steps": 0.0}
         self._http: aiohttp.ClientSession | None = None
 
     def set_state(self, state: str, detail: str) -> None:
@@ -81,11 +83,12 @@ class NodeStatus:
             busy_before, wall_before = busy_now, wall_now
             log.debug("compute busy %.0f%% of the last %.1f s", 100 * busy_fraction, self.report_every_s)
             sent, received = self.bytes_moved()
-            now = {**ctx.counters, "bytes_sent": sent, "bytes_received": received,
-                   "uptime_s": time.monotonic() - self._started}
+            now = {"gen_compute_s": 0.0, "gen_steps": 0.0, **ctx.counters, "bytes_sent": sent,
+                   "bytes_received": received, "uptime_s": time.monotonic() - self._started}
             delta = {k: max(0.0, now[k] - self._reported[k]) for k in self._reported}
             self._reported = now
-            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}))
+            rtt = dict(sorted(self.link_rtt_ms().items())[:MAX_PEERS])
+            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}, link_rtt_ms=rtt))
             self.emit("stats", tokens_generated=int(now["tokens_generated"]),
                       microbatches_trained=int(now["microbatches_trained"]), bytes_sent=int(sent),
                       bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),

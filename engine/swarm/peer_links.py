@@ -8,7 +8,8 @@ task and hands each decoded message (a typed struct, ``engine.swarm.messages``)
 to ``on_message(sender, header, payload)``;
 a ``ProtocolViolation`` raised there counts as a strike against the sender.
 ``send`` waits for the upload cap, opens the link if needed and gives the whole
-send ``send_timeout_s``; a message to ourselves is handled in place.
+send ``send_timeout_s``; a message to ourselves is handled in place. ``sdp_filter`` (optional)
+rewrites every outgoing SDP offer and answer (an emulated WAN's stand-ins).
 
 What it does not know: what messages mean, stages, jobs.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.net.identity import Identity
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 120.0
 #: bytes a message costs beyond its payload, for the bandwidth caps
 HEADER_COST_BYTES = 64
+#: rewrites every outgoing SDP (e.g. through an emulated WAN, ``engine.net.wan_hub``)
+SdpFilter = Callable[[str], "str | Awaitable[str]"]
 
 
 class PeerLinks:
@@ -43,12 +46,13 @@ class PeerLinks:
     def __init__(self, identity: Identity, tasks: TaskSpawner,
                  on_message: Callable[[str, PeerMessage, bytes], None], *, accept_peer: Callable[[str], bool],
                  upload_mbps: float | None = None, download_mbps: float | None = None,
-                 send_timeout_s: float = SEND_TIMEOUT_S) -> None:
+                 send_timeout_s: float = SEND_TIMEOUT_S, sdp_filter: SdpFilter | None = None) -> None:
         self.identity = identity
         self.tasks = tasks
         self.on_message = on_message
         self.accept_peer = accept_peer
         self.send_timeout_s = send_timeout_s
+        self.sdp_filter = sdp_filter
         self.upload = TokenBucket(upload_mbps)
         self.download = TokenBucket(download_mbps)
         self._signal: SignallingClient | None = None
@@ -65,7 +69,7 @@ class PeerLinks:
         await self.close()
         self._signal = SignallingClient(signal_url, self.identity)
         await self._signal.connect()
-        self._pm = PeerManager(self._signal, PeerManagerConfig(link=LinkConfig()),
+        self._pm = PeerManager(self._signal, PeerManagerConfig(link=LinkConfig()), sdp_filter=self.sdp_filter,
                                validator=messages.decode_peer_header, accept_peer=self.accept_peer)
         self._pm.on_link = lambda link: self.tasks.spawn(self._read(link), f"polis-read-{link.peer_id[:8]}")
 
@@ -143,6 +147,12 @@ class PeerLinks:
         finally:
             self._closed_bytes[0] += link.stats.wire_bytes_sent
             self._closed_bytes[1] += link.stats.wire_bytes_received
+
+    def rtt_ms(self) -> dict[str, float]:
+        """Measured round trip (SCTP's smoothed RTT, milliseconds) of every open link that has one."""
+        if self._pm is None:
+            return {}
+        return {peer: round(1e3 * link.rtt_s, 3) for peer, link in self._pm.links.items() if link.rtt_s is not None}
 
     def bytes_moved(self) -> tuple[float, float]:
         """Wire bytes ``(sent, received)`` over every link this node had."""

@@ -180,9 +180,11 @@ class RunConfig:
         steps (compressed pseudo-gradients, an outer step): ``ReplicaSyncSettings``.
       prompts_per_job: prompts of one token length decoded together in one generation job
         (prompts_per_job x group_size rows share a KV cache; more rows amortise per-step latency).
-      generations_in_flight: generation jobs kept in flight per pipeline route (the replay
-        buffer's cap of two batches still bounds how much is generated ahead). Measured on 2
-        cores: 3 -> 8 raised the demo from 672 to 796 versions in 8 minutes.
+      generations_in_flight: the most generation jobs kept in flight per pipeline route; below it the
+        coordinator keeps as many as Little's law says the route needs, from its nodes' measured link
+        RTTs and compute per step (``engine.swarm.inflight``: with 5 ms steps, 5 over a 1 ms link, 36 at 80 ms). The
+        replay buffer's cap of two batches still bounds how much is generated ahead. Measured on 2
+        cores with a fixed count: 3 -> 8 raised the demo from 672 to 796 versions in 8 minutes.
       microbatch_timeout_s: how long the coordinator waits for one training micro-batch before it
         re-dispatches it on another route and counts a miss against the route's trainers (two
         misses in a row evict a trainer); the coordinator's step deadline still bounds the pass.
@@ -214,8 +216,8 @@ class RunConfig:
     update_topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
     replica_sync: ReplicaSyncSettings = field(default_factory=ReplicaSyncSettings)
     prompts_per_job: Annotated[int, Meta(ge=1, le=256)] = 8
-    # two WebRTC hops per token need several jobs to keep both stages busy
-    generations_in_flight: Annotated[int, Meta(ge=1, le=64)] = 8
+    # two WebRTC hops per token need several jobs to keep both stages busy, more over long links
+    generations_in_flight: Annotated[int, Meta(ge=1, le=64)] = 32
     microbatch_timeout_s: Annotated[float, Meta(ge=0.1, le=3600.0)] = 30.0
     eval_every_versions: Annotated[int, Meta(ge=0, le=100_000)] = 20
     checkpoint_every_versions: Annotated[int, Meta(ge=1, le=100_000)] = 5

@@ -1,8 +1,10 @@
 """The coordinator's generation scheduling: prompts out, scored rollouts in.
 
-:class:`GenerationScheduler` keeps ``generations_in_flight`` jobs (``prompts_per_job`` prompts
-of one token length x G samples) on every complete generation route (any replica of each
-stage: trainers and inference replicas) while the replay buffer is not full, eval jobs first
+:class:`GenerationScheduler` keeps jobs (``prompts_per_job`` prompts of one token length x G
+samples) on every complete generation route (any replica of each stage: trainers and inference
+replicas), as many as the route needs to hide its latency (``engine.swarm.inflight``: Little's
+law over the nodes' measured link RTTs and compute per step, at most ``generations_in_flight``),
+while the replay buffer is not full, eval jobs first
 (``engine.swarm.eval_scheduler`` says which). Results are checked first (``engine.swarm.rollout_checks``: ids in the
 vocabulary, cut at the first stop id, log-probs <= 0, no version from the future; a refused
 result flags its generator and its prompts are queued again). Rewards are computed here from the returned
@@ -35,6 +37,7 @@ from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewards
 from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.inflight import InFlightPacer
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
@@ -83,6 +86,8 @@ class GenerationScheduler:
         self._length_buckets: dict[int, list[str]] = defaultdict(list)
         self._job_ids = itertools.count(int(time.time() * 1000) % 10**9)
         self.jobs: dict[str, TurnJob] = {}
+        #: jobs in flight per route, from the nodes' measured RTTs and compute (fed by their reports)
+        self.pacer = InFlightPacer()
         self.received_rollouts = 0
         #: rollouts per peer that was on the route of their first turn (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
@@ -104,7 +109,8 @@ class GenerationScheduler:
         load = Counter(tuple(j.route) for j in self.jobs.values())
         # least-loaded routes first, so that when the buffer is nearly full no route starves
         for route in sorted(routes, key=lambda r: load[tuple(r)]):
-            while load[tuple(route)] < self.run.generations_in_flight:
+            limit = self.pacer.limit(route, self.run.generations_in_flight)
+            while load[tuple(route)] < limit:
                 message = self._next_job(route)
                 if message is None:
                     break
@@ -246,6 +252,7 @@ class GenerationScheduler:
             self.evals.on_failed(job_id)
 
     def on_node_lost(self, peer_id: str) -> None:
+        self.pacer.forget(peer_id)
         for job_id in [j for j, job in self.jobs.items() if peer_id in job.route]:
             self._fail_job(job_id, f"node {peer_id} left")
 

@@ -21,3 +21,28 @@ def test_gaps_compare_each_swarm_eval_with_the_mean_of_in_process_seeds_at_the_s
     assert gaps[1]["inprocess_spread"] == [0.4, 0.6]
     assert gaps[1]["gap_points"] == pytest.approx(0.0)
     assert _gaps(swarm, [local[0]])[1]["gap_points"] == pytest.approx(10.0)
+
+
+def test_the_bench_swarms_carry_every_option_the_demo_swarm_reads(monkeypatch, tmp_path):
+    import engine.swarm.demo as demo
+    from engine.bench.swarm import _swarm_window
+
+    class Started(Exception):
+        pass
+
+    class Recorder:
+        def __init__(self, run_dir, args):
+            self.args = args
+
+        def start(self):
+            a = self.args
+            _ = (a.stages, a.replicas, a.checkpoint, a.max_versions, a.set, a.model, a.backend, a.wan,
+                 a.wan_profiles)
+            raise Started
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(demo, "DemoSwarm", Recorder)
+    with pytest.raises(Started):
+        _swarm_window("base", tmp_path / "w", [], 1, 1.0, ("continental", None))
