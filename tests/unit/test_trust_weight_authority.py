@@ -20,6 +20,7 @@ import pytest
 from backends.base import StageSpec
 from engine.paths import base_checkpoint_dir
 from engine.rl.codec import TaskCodec
+from engine.rl.run_task import DigitRunTask
 from engine.rl.tasks import make_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages, tensor_bundle
@@ -28,7 +29,6 @@ from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import Node, NodeConfig
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.rl.run_task import DigitRunTask
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.weight_votes import WeightAuthority, weights_digest
