@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
@@ -154,5 +154,5 @@ def tune_sctp(pc, tuning: SctpTuning) -> bool:
             log.warning("unexpected SCTP transport %s; stock SCTP is used", type(sctp).__name__)
             return False
         sctp.__class__ = _TUNED_CLASS
-    sctp._polis_tuning = tuning  # the tuned class reads it; aiortc's own never does
+    cast(Any, sctp)._polis_tuning = tuning  # the tuned class reads it; aiortc's own never does
     return True
