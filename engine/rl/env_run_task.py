@@ -19,14 +19,14 @@ What it does not know: jobs, routes, nodes, messages, the store.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Iterator, Sequence
 
 from engine.envs.contract import Environment, EpisodeItem, EpisodeLimits
 from engine.envs.token_rollout import Generation, TokenEpisode, TokenEpisodeRun
 from engine.envs.trajectory import ChatRenderer
 from engine.rl.codec import ChatCodec, CodecError
-from engine.rl.episode_outcome import MAX_LIVE_ITEMS, EpisodeOutcome, EvalScore
+from engine.rl.episode_outcome import EpisodeOutcome, EvalScore
+from engine.rl.prompt_keys import PromptKeys
 from engine.rl.tasks.answers import stated_answer, tagged_answer
 
 log = logging.getLogger(__name__)
@@ -105,38 +105,23 @@ class EnvRunTask:
         end_of_turn = codec.tokenizer.id_to_token(codec.eos_id)
         self.renderer = ChatRenderer(lambda messages, gen: codec.render(messages, add_generation_prompt=gen),
                                      codec.encode, end_of_turn)
-        self._eval: dict[str, EpisodeItem] = {}
-        self._live: OrderedDict[str, EpisodeItem] = OrderedDict()
-        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._prompts: PromptKeys[EpisodeItem] = PromptKeys(self.key, codec.encode)
         self.unknown_prompts = 0  #: episodes asked for keys whose item was no longer held
 
     def key(self, item: EpisodeItem) -> str:
         return self.renderer.prompt_text(item.messages)
 
     def train_prompts(self, seed: int) -> Iterator[str]:
-        for item in self.env.train_items(seed):
-            key = self.key(item)
-            self._live[key] = item
-            self._live.move_to_end(key)
-            while len(self._live) > MAX_LIVE_ITEMS:
-                self._live.popitem(last=False)
-            yield key
+        return self._prompts.train(self.env.train_items(seed))
 
     def eval_prompts(self) -> list[str]:
-        if not self._eval:
-            self._eval = {self.key(item): item for item in self.env.eval_items()}
-        return list(self._eval)
+        return self._prompts.held_out(self.env.eval_items)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        ids = self._ids.get(prompt)
-        if ids is None:
-            ids = self._ids[prompt] = self.codec.encode(prompt)
-            while len(self._ids) > MAX_LIVE_ITEMS:
-                self._ids.popitem(last=False)
-        return list(ids)
+        return self._prompts.ids(prompt)
 
     def open_episode(self, prompt: str, max_new_tokens: int) -> EnvEpisode:
-        item = self._live.get(prompt) or self._eval.get(prompt)
+        item = self._prompts.item(prompt)
         if item is None:
             self.unknown_prompts += 1
             raise KeyError("no environment item for this prompt key (it left the bounded item table)")

@@ -35,19 +35,18 @@ scored as a completion always was. What it does not know: jobs, nodes, messages,
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, cast
 
 from engine.rl.codec import ChatCodec, CodecError, TaskCodec, load_codec
 from engine.rl.episode_outcome import (
-    MAX_LIVE_ITEMS,
     EpisodeOutcome,
     EpisodeRun,
     EvalScore,
     OneTurnEpisode,
     one_turn_outcome,
 )
+from engine.rl.prompt_keys import PromptKeys
 from engine.rl.tasks import ChatTask, Task, TaskConfig, TaskItem, is_chat_task_name, make_chat_task, make_task
 from engine.rl.tasks.rewards import exact_match, token_reward
 
@@ -137,9 +136,7 @@ class ChatRunTask:
         self.name = task.name
         self.pad_id = codec.pad_id
         self.stop_ids = (codec.eos_id, *sorted(codec.stop_ids - {codec.eos_id}))
-        self._eval: dict[str, TaskItem] = {}
-        self._live: OrderedDict[str, TaskItem] = OrderedDict()
-        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._prompts: PromptKeys[TaskItem] = PromptKeys(self.key, codec.encode)
         self.unknown_prompts = 0  #: completions of keys whose item was no longer held (scored 0)
 
     def key(self, item: TaskItem) -> str:
@@ -147,29 +144,16 @@ class ChatRunTask:
         return self.codec.render(item.prompt.as_dicts(), add_generation_prompt=True)
 
     def train_prompts(self, seed: int) -> Iterator[str]:
-        for item in self.task.train_items(seed):
-            key = self.key(item)
-            self._live[key] = item
-            self._live.move_to_end(key)
-            while len(self._live) > MAX_LIVE_ITEMS:
-                self._live.popitem(last=False)
-            yield key
+        return self._prompts.train(self.task.train_items(seed))
 
     def eval_prompts(self) -> list[str]:
-        if not self._eval:
-            self._eval = {self.key(item): item for item in self.task.eval_items()}
-        return list(self._eval)
+        return self._prompts.held_out(self.task.eval_items)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        ids = self._ids.get(prompt)
-        if ids is None:
-            ids = self._ids[prompt] = self.codec.encode(prompt)
-            while len(self._ids) > MAX_LIVE_ITEMS:
-                self._ids.popitem(last=False)
-        return list(ids)
+        return self._prompts.ids(prompt)
 
     def _item(self, prompt: str) -> TaskItem | None:
-        item = self._live.get(prompt) or self._eval.get(prompt)
+        item = self._prompts.item(prompt)
         if item is None:
             self.unknown_prompts += 1
             log.warning("no task item for a returned prompt (%d so far); it scores 0", self.unknown_prompts)
@@ -187,7 +171,7 @@ class ChatRunTask:
         return EvalScore(float(score.strict), float(score.content))
 
     def sample_text(self, prompt: str, completion_ids: Sequence[int]) -> tuple[str, str]:
-        item = self._live.get(prompt) or self._eval.get(prompt)
+        item = self._prompts.item(prompt)
         try:
             answer = self.codec.decode_completion(completion_ids)
         except (TypeError, ValueError, OverflowError):

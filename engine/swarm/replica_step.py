@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from engine.net.errors import ProtocolViolation
 from engine.swarm import messages, tensor_bundle
@@ -127,24 +128,7 @@ class ReplicaStep:
             agg = await ctx.compute.run(scale_grads, grads, len(msg.replicas))  # an inner step, alone
         elif others:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
-            entries, payload = tensor_bundle.pack(encoded)
-            update_bytes = len(payload)
-            share = Share(step=step, tensors=tensor_bundle.wire_entries(entries))
-            loop = asyncio.get_running_loop()
-            sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-share-{step}-{p[:8]}")
-                     for p in others]
-            results = await asyncio.gather(*sends, return_exceptions=True)
-            for peer, result in zip(others, results):
-                if isinstance(result, Exception):
-                    log.warning("could not send our gradient to replica %s: %s", peer, result)
-            received = await self._await_shares(step, others)
-            shapes = {name: g.shape for name, g in grads.items()}
-            contributions = {ctx.peer_id: own}
-            for peer, (peer_entries, peer_payload) in received.items():
-                try:
-                    contributions[peer] = tensor_bundle.unpack(peer_entries, peer_payload, shapes, require_all=True)
-                except ProtocolViolation as exc:
-                    log.warning("replica %s sent an unusable gradient (%s); stepping without it", peer, exc)
+            contributions, update_bytes = await self._exchange(step, encoded, own, others, "gradient")
             agg = await ctx.compute.run(aggregate, contributions)
         else:
             agg = grads
@@ -178,26 +162,35 @@ class ReplicaStep:
             self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, weights, outer.momentum_state())
             return 0
         encoded, own = await ctx.compute.run(outer.compress, weights)
+        # keyed by the synced version
+        contributions, nbytes = await self._exchange(version, encoded, own, others, "pseudo-gradient")
+        agg = await ctx.compute.run(aggregate, contributions)
+        synced = await ctx.compute.run(outer.outer_step, agg, len(contributions))
+        await ctx.compute.run(rt.set_weights, synced, version)
+        return nbytes
+
+    async def _exchange(self, key: int, encoded: dict, own: dict[str, Any], others: list[str],
+                        what: str) -> tuple[dict[str, dict[str, Any]], int]:
+        """Send our encoded share (``share`` keyed by ``key``) to ``others``, wait for theirs (to the
+        share deadline) and decode them: every usable contribution, ours included, and our bytes."""
+        ctx = self.ctx
         entries, payload = tensor_bundle.pack(encoded)
-        share = Share(step=version, tensors=tensor_bundle.wire_entries(entries))  # keyed by the synced version
+        share = Share(step=key, tensors=tensor_bundle.wire_entries(entries))
         loop = asyncio.get_running_loop()
-        sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-outer-{version}-{p[:8]}")
+        sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-share-{key}-{p[:8]}")
                  for p in others]
         for peer, result in zip(others, await asyncio.gather(*sends, return_exceptions=True)):
             if isinstance(result, Exception):
-                log.warning("could not send our pseudo-gradient to replica %s: %s", peer, result)
-        received = await self._await_shares(version, others)
+                log.warning("could not send our %s to replica %s: %s", what, peer, result)
+        received = await self._await_shares(key, others)
         shapes = {name: a.shape for name, a in own.items()}
         contributions = {ctx.peer_id: own}
         for peer, (peer_entries, peer_payload) in received.items():
             try:
                 contributions[peer] = tensor_bundle.unpack(peer_entries, peer_payload, shapes, require_all=True)
             except ProtocolViolation as exc:
-                log.warning("replica %s sent an unusable pseudo-gradient (%s); syncing without it", peer, exc)
-        agg = await ctx.compute.run(aggregate, contributions)
-        synced = await ctx.compute.run(outer.outer_step, agg, len(contributions))
-        await ctx.compute.run(rt.set_weights, synced, version)
-        return len(payload)
+                log.warning("replica %s sent an unusable %s (%s); going on without it", peer, what, exc)
+        return contributions, len(payload)
 
     def _fingerprints(self) -> tuple[float, str]:
         """Compute thread: the cheap checksum and the full digest, from one read of the weights."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -85,7 +86,10 @@ def test_a_lan_node_hosts_a_coordinator_and_a_second_finds_and_joins_it(tmp_path
         assert _stats(ports["b"]) is None  # b found a's coordinator and hosts none
         url = f"http://127.0.0.1:{ports['a']}"
         assert f"hosting one at {url}" in logs[0].read_text(errors="replace")
-        assert f"joining the coordinator at {url} (found on the LAN)" in logs[1].read_text(errors="replace")
+        joined = logs[1].read_text(errors="replace")
+        # the advert pins the coordinator's key, so b joins a's URL with that key (#key=...)
+        assert re.search(re.escape(f"joining the coordinator at {url}#key=") + r"[A-Za-z0-9_-]+ \(found on the LAN\)",
+                         joined), joined[-2000:]
         for proc in (b, a):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=20) == 0

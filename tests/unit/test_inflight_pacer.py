@@ -66,7 +66,7 @@ def test_the_scheduler_dispatches_up_to_the_pacers_limit(tmp_path):
     from engine.swarm.eval_scheduler import EvalScheduler
     from engine.swarm.run_book import RunBook
     from engine.swarm.run_config import RunConfig
-    from engine.swarm.run_task import DigitRunTask
+    from engine.rl.run_task import DigitRunTask
     from engine.swarm.scheduler import GenerationScheduler
     from engine.swarm.store import Store
     from tests.support.recording_links import RecordingLinks

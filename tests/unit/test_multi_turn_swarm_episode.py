@@ -222,7 +222,7 @@ def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_a
     assert counters["turns_recomputed"] >= 2 and counters["turns_from_cache"] >= 2, dict(counters)
     gens = [m for _, m in links.sent if isinstance(m, messages.Gen)]
     first = next(g for g in gens if g.job == group.split(":")[0])
-    item = task._live[rollouts[0].prompt]  # the item behind the stored prompt key
+    item = task._prompts.item(rollouts[0].prompt)  # the item behind the stored prompt key
     for row, stored in enumerate(rollouts):
         later = sorted((g for g in gens if g.job == f"{group}.{row}"), key=lambda g: g.params.turn)
         assert [g.params.turn for g in later] == [1, 2]

@@ -73,7 +73,7 @@ def test_prompts_go_out_through_the_chat_template_with_the_models_stop_set(chat)
 
 def test_an_eval_records_the_strict_and_the_content_only_score(chat):
     task, generation, _, store, links = chat
-    items = {p: task._eval[p] for p in task.eval_prompts()}
+    items = {p: task._prompts.item(p) for p in task.eval_prompts()}
     answered = 0
     for _ in range(len(items)):  # eval jobs are one token length each: a few rounds
         asyncio.run(generation.fill())
@@ -102,7 +102,8 @@ def test_rewards_are_the_tasks_scores_of_the_sampled_ids(chat):
     asyncio.run(generation.fill())
     job = next(m for _, m in links.sent if m.job.startswith("t"))
     (prompt,) = generation.jobs[job.job].prompts
-    answer = task._live[prompt].answer
+    item = task._prompts.item(prompt)
+    answer = item.answer
     right, unfinished = _ids(task, f"<answer>{answer}</answer>"), _ids(task, f"<answer>{answer}</answer>", stop=False)
     generation.on_gen_done(ROUTE[1], messages.GenDone(job=job.job, tokens=[right, unfinished],
                                                       logprobs=[[-0.5] * len(right), [-0.5] * len(unfinished)],
@@ -111,7 +112,7 @@ def test_rewards_are_the_tasks_scores_of_the_sampled_ids(chat):
     # a finished well-formed answer earns the small format part on top; one that never ended does not
     assert rewards == pytest.approx([1.0 + CHAIN_SUM.format_weight, 1.0])
     # a person reads the question (not the template) and the answer text (without the stop token)
-    assert list(generation.samples) == [{"prompt": task._live[prompt].question, "answer": f"<answer>{answer}</answer>",
+    assert list(generation.samples) == [{"prompt": item.question, "answer": f"<answer>{answer}</answer>",
                                          "reward": pytest.approx(1.0 + CHAIN_SUM.format_weight), "version": 0,
                                          "turns": [{"role": "assistant", "text": f"<answer>{answer}</answer>"}],
                                          "tool_calls": 0, "cuts": []}]

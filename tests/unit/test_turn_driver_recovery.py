@@ -132,7 +132,8 @@ def test_a_group_whose_turns_keep_failing_is_given_up_and_its_prompt_goes_back_t
             await asyncio.sleep(0.05)
         assert book.counters["episode_batches_given_up"] == 1
         assert not scheduler.jobs
-        assert len(scheduler._retry_prompts) == 1 and scheduler._retry_prompts[0] in scheduler.task._live
+        assert len(scheduler._retry_prompts) == 1
+        assert scheduler.task._prompts.item(scheduler._retry_prompts[0]) is not None
         assert book.counters["failed_turns"] == MAX_TURN_ATTEMPTS
 
     asyncio.run(scenario())
