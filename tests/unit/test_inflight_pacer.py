@@ -61,12 +61,12 @@ def test_the_scheduler_dispatches_up_to_the_pacers_limit(tmp_path):
     from engine.rl.codec import TaskCodec
     from engine.rl.objective import ObjectiveConfig
     from engine.rl.recipe import BASE_TASK
+    from engine.rl.run_task import DigitRunTask
     from engine.rl.tasks import make_task
     from engine.rl.update import UpdateRules
     from engine.swarm.eval_scheduler import EvalScheduler
     from engine.swarm.run_book import RunBook
     from engine.swarm.run_config import RunConfig
-    from engine.rl.run_task import DigitRunTask
     from engine.swarm.scheduler import GenerationScheduler
     from engine.swarm.store import Store
     from tests.support.recording_links import RecordingLinks
