@@ -165,6 +165,19 @@ def _in_process(model_dir: Path, task: EnvRunTask, item: EpisodeItem, seeds: lis
                              max_new_tokens=run.sampling.max_new_tokens)
 
 
+async def _welcome_two_stages(nodes: dict, run, run_id: str) -> None:
+    """Start each node's compute and tell it, as the coordinator would, its stage of a 2-stage run."""
+    for stage, node in enumerate(nodes.values()):
+        await node.start_compute()
+        node.on_coordinator(messages.decode_from_coordinator(json.dumps(
+            {"type": "members", "stages": [[P0], [P1]], "version": 0})))
+        node.on_coordinator(messages.decode_from_coordinator(json.dumps(
+            {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
+             "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
+             "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": run_id,
+             "signal_url": "ws://127.0.0.1:9/s"})))
+
+
 def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_and_frees_its_caches(tmp_path):
     model_dir = _model_that_ends_turns(tmp_path)
     run = RunConfig(group_size=2, prompts_per_job=1, prompts_per_step=1, generations_in_flight=1,
@@ -188,15 +201,7 @@ def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_a
         run, UpdateRules(objective=run.objective), task, store, book, evals, links, vocab_size=codec.vocab_size)
 
     async def scenario():
-        for stage, node in enumerate(nodes.values()):
-            await node.start_compute()
-            node.on_coordinator(messages.decode_from_coordinator(json.dumps(
-                {"type": "members", "stages": [[P0], [P1]], "version": 0})))
-            node.on_coordinator(messages.decode_from_coordinator(json.dumps(
-                {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
-                 "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
-                 "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": "run-turns",
-                 "signal_url": "ws://127.0.0.1:9/s"})))
+        await _welcome_two_stages(nodes, run, "run-turns")
         await _until("both stages ready", lambda: all(n.ctx.coordinator.of_type(messages.Ready)
                                                       for n in nodes.values()))
 
@@ -254,15 +259,7 @@ def test_a_turn_that_expects_a_cache_the_stage_does_not_hold_fails_as_a_cache_mi
     box["scheduler"] = SimpleNamespace(on_gen_done=lambda *a: None, on_job_failed=lambda *a: None)
 
     async def scenario():
-        for stage, node in enumerate(nodes.values()):
-            await node.start_compute()
-            node.on_coordinator(messages.decode_from_coordinator(json.dumps(
-                {"type": "members", "stages": [[P0], [P1]], "version": 0})))
-            node.on_coordinator(messages.decode_from_coordinator(json.dumps(
-                {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
-                 "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
-                 "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": "run-miss",
-                 "signal_url": "ws://127.0.0.1:9/s"})))
+        await _welcome_two_stages(nodes, run, "run-miss")
         await _until("ready", lambda: all(n.ctx.coordinator.of_type(messages.Ready) for n in nodes.values()))
         params = {"max_new_tokens": 2, "temperature": 0.0, "top_p": 1.0, "seed": 1, "stop_ids": [2],
                   "turn": 1, "cached_tokens": 7, "keep_cache": True}
