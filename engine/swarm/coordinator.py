@@ -332,6 +332,7 @@ class Coordinator:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
             return None
+        self._settle_step_in_doubt(hello, stage, role)
         welcome = self._welcome(session, stage, hello)
         lost = self.stage_lost(stage) if welcome.source == "checkpoint" and role == "trainer" else None
         if lost is not None:
@@ -359,6 +360,25 @@ class Coordinator:
         log.info("node %s joins stage %d as %s (%s, from %s)", peer_id, stage, role, hello.backend,
                  welcome.source)
         return session
+
+    def _settle_step_in_doubt(self, hello: messages.Hello, stage: int, role: str) -> None:
+        """After a restart, the first trainer back says whether the step in doubt happened.
+
+        The coordinator records a version only once trainers report 'stepped'; killed in between,
+        it restarts one version behind nodes that did step (``RunBook.begin_apply``). A trainer
+        of this run rejoining its stage at that next version rolls the run forward; one at the
+        recorded version settles that it did not happen. Nothing else moves the version.
+        """
+        book = self.book
+        if book.unconfirmed is None or role != "trainer" or hello.run_id != self.run_id \
+                or hello.num_stages != self.num_stages or hello.stage != stage:
+            return
+        if hello.version == book.unconfirmed:
+            log.warning("node %s holds version %d, which this coordinator began but never recorded; "
+                        "the run goes on from it", hello.peer_id, book.roll_forward())
+            book.counters["versions_recovered"] += 1
+        elif hello.version == book.version:
+            book.settle()
 
     async def _node_left(self, session: NodeSession) -> None:
         del self.sessions[session.peer_id]

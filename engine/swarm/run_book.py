@@ -59,6 +59,10 @@ class RunBook:
         self.store = store
         self.version = int(store.get_meta("version", 0))
         self._finished = bool(store.get_meta("finished", False))
+        applying = int(store.get_meta("applying", 0))
+        #: the version trainers were told to step to when this coordinator last stopped without
+        #: learning that they did (None: no step was in doubt); see :meth:`roll_forward`
+        self.unconfirmed: int | None = applying if applying == self.version + 1 else None
         #: event counts shown in the stats API (failed_jobs, dropped_stale, resyncs, ...)
         self.counters: Counter[str] = Counter()
 
@@ -78,6 +82,30 @@ class RunBook:
         if version > self.version:
             self.version = int(version)
             self.store.set_meta("version", self.version)
+        self.unconfirmed = None
+
+    def begin_apply(self, version: int) -> None:
+        """Write ahead that trainers are about to be told to step to ``version``.
+
+        Nodes step before the coordinator hears 'stepped' and records the version; a coordinator
+        killed in between would otherwise restart one version behind every trainer, take their
+        weights for lost and pause the run for good (durable like the version itself).
+        """
+        self.store.set_meta("applying", int(version))
+
+    def roll_forward(self) -> int:
+        """Adopt the version that was in doubt at restart (a rejoining trainer holds it); the new version.
+
+        Bounded to the one step this coordinator itself had begun, so no hello can move the run
+        further; its rollouts were never marked consumed and are trained again.
+        """
+        if self.unconfirmed is not None:
+            self.advance(self.unconfirmed)
+        return self.version
+
+    def settle(self) -> None:
+        """A trainer rejoined at the recorded version: the step in doubt did not happen."""
+        self.unconfirmed = None
 
     def stats(self) -> dict[str, Any]:
         return {"version": self.version, "finished": self.finished, "counters": dict(self.counters)}

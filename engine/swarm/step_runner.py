@@ -228,6 +228,7 @@ class StepRunner:
         checkpoint = version % self.run.checkpoint_every_versions == 0
         expected: set[str] = set()
         inference = self.links.inference_replicas()
+        self.book.begin_apply(version)
         for stage, replicas in enumerate(self.links.stage_replicas()):
             leader = self.links.leader(stage)  # named by the weight votes: checkpoints, streams to inference
             for peer in replicas:

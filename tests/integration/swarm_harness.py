@@ -85,7 +85,16 @@ class Swarm:
                 return stats
             time.sleep(0.5)
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last stats: {self.stats()}; "
-                             f"logs in {self.tmp}")
+                             f"logs in {self.tmp}\n{self.log_tails()}")
+
+    def log_tails(self, lines: int = 12) -> str:
+        """The last ``lines`` warnings and errors of every process's log (CI keeps no files)."""
+        out = []
+        for log in sorted(self.tmp.glob("*.log")):
+            worth = [line for line in log.read_text(errors="replace").splitlines()
+                     if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+            out.append(f"--- {log.name}: " + ("\n".join(worth[-lines:]) or "(no warnings)"))
+        return "\n".join(out)
 
     def finish(self) -> None:
         token = (self.tmp / "token").read_text().strip()

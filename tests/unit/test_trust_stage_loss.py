@@ -73,3 +73,65 @@ def test_a_node_refuses_to_serve_base_or_another_versions_or_corrupt_weights_as_
             rt.load_checkpoint(base_checkpoint_dir(), spec, OptimizerConfig(), path, 5)
     finally:
         rt.close()
+
+
+def _coordinator(tmp_path, num_stages: int = 1) -> Coordinator:
+    return Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
+                                         num_stages=num_stages, port=0))
+
+
+def test_a_coordinator_killed_after_trainers_stepped_rolls_forward_to_the_version_they_hold(tmp_path):
+    """Killed between 'apply' and 'stepped', the coordinator restarts one version behind its trainers;
+    the first trainer back at exactly the version it began settles it (a CI run paused here for good)."""
+    async def main():
+        first = _coordinator(tmp_path)
+        await first.start()
+        first.book.advance(4)
+        first.book.begin_apply(5)  # trainers were told to step to 5; the coordinator dies before 'stepped'
+        run_id = first.run_id
+        await first.stop()
+        c = _coordinator(tmp_path)
+        url = await c.start()
+        try:
+            assert c.book.version == 4 and c.book.unconfirmed == 5
+            ahead = {"stage": 0, "num_stages": 1, "run_id": run_id}
+            liar = await join(url, **ahead, version=6)  # two ahead: never adopted
+            assert liar.reply["type"] == "shutdown" and c.book.version == 4
+            await liar.close()
+            back = await join(url, **ahead, version=5)
+            assert back.reply["type"] == "welcome" and back.reply["source"] == "keep"
+            assert back.reply["version"] == 5 and c.book.version == 5 and c.book.unconfirmed is None
+            assert c.stats()["counters"]["versions_recovered"] == 1
+            await back.close()
+        finally:
+            await c.stop()
+        again = _coordinator(tmp_path)  # durable: the adopted version survives the next restart
+        await again.start()
+        try:
+            assert again.book.version == 5 and again.book.unconfirmed is None
+        finally:
+            await again.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_trainer_back_at_the_recorded_version_settles_that_the_step_in_doubt_never_happened(tmp_path):
+    async def main():
+        first = _coordinator(tmp_path)
+        await first.start()
+        first.book.advance(4)
+        first.book.begin_apply(5)
+        run_id = first.run_id
+        await first.stop()
+        c = _coordinator(tmp_path)
+        url = await c.start()
+        try:
+            back = await join(url, stage=0, num_stages=1, run_id=run_id, version=4)
+            assert back.reply["type"] == "welcome" and back.reply["source"] == "keep"
+            assert c.book.version == 4 and c.book.unconfirmed is None
+            await back.close()
+            late = await join(url, stage=0, num_stages=1, run_id=run_id, version=5)  # too late to move the run
+            assert c.book.version == 4
+            await late.close()
+        finally:
+            await c.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
