@@ -58,6 +58,11 @@ def _timed(fn, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
+def _wire_encoding(params: GenParams | None, run_encoding: str) -> str:
+    """The encoding of a generation job's activations: exact for evals, else the run's."""
+    return "fp32" if params is not None and params.exact_activations else run_encoding
+
+
 @dataclass
 class _FirstStageJob:
     """What stage 0 keeps while a generation job decodes."""
@@ -214,7 +219,7 @@ class Generation:
             await self._sample(job, state.route, state.params, [], x, counted=True)
             return
         tensor, payload = await self._compute(forward_encoded, rt.gen_forward, job, x,
-                                              ctx.stage.run_cfg.activation_encoding)
+                                              _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding))
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket), payload)
@@ -230,7 +235,7 @@ class Generation:
         self._mid_touch[header.job] = time.monotonic()
         await self._enter(header.job, header.params, x)
         tensor, payload = await self._compute(forward_encoded, rt.gen_forward, header.job, x,
-                                              ctx.stage.run_cfg.activation_encoding)
+                                              _wire_encoding(header.params, ctx.stage.run_cfg.activation_encoding))
         hop = header.hop + 1
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
                                                         tensor=tensor), payload)

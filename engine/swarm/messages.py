@@ -141,6 +141,9 @@ class GenParams(WireRecord, frozen=True):
     cached_tokens: Annotated[int, Meta(ge=0, le=MAX_CONTEXT_TOKENS)] = 0
     # keep the caches when the turn ends (a continuation follows; gen_release or expiry frees them)
     keep_cache: bool = False
+    # activations of this job cross stage boundaries exact (fp32), not in the run's lossy encoding:
+    # set for held-out evals, so a score is the weights' and equals the exported model's
+    exact_activations: bool = False
 
 
 # ---------------------------------------------------------------- coordinator -> node

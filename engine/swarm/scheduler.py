@@ -120,13 +120,14 @@ class GenerationScheduler:
                     break
 
     def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
-        """Sampling settings of a job's turn (evals decode greedily); the seed follows the job id."""
+        """Sampling settings of a job's turn (evals decode greedily over exact activations); the seed
+        follows the job id."""
         greedy = kind == "eval"
         seed = int(np.random.default_rng([self.run.seed, *job_id.encode()]).integers(2**62))
         return messages.GenParams(max_new_tokens=max_new_tokens,
                                   temperature=0.0 if greedy else self.run.sampling.temperature,
                                   top_p=1.0 if greedy else self.run.sampling.top_p, seed=seed,
-                                  stop_ids=list(self.task.stop_ids))
+                                  stop_ids=list(self.task.stop_ids), exact_activations=greedy)
 
     def _next_job(self, route: list[str]) -> messages.Gen | None:
         max_new = self.run.sampling.max_new_tokens

@@ -58,6 +58,7 @@ def test_the_before_eval_goes_first_and_training_waits_for_it(parts):
     jobs = [m for _, m in links.sent]
     assert [j.job[0] for j in jobs] == ["e", "e"]  # both eval jobs, and no training rollouts of version 0 yet
     assert all(j.params.temperature == 0.0 for j in jobs) and all(peer == ROUTE[0] for peer, _ in links.sent)
+    assert all(j.params.exact_activations for j in jobs)  # an eval scores the weights, not the wire's rounding
     generation.on_node_lost(ROUTE[1])  # the first eval job's route breaks: its prompts go out again
     assert not generation.jobs and generation.book.counters["failed_jobs"] == 2
     links.sent.clear()
@@ -71,6 +72,7 @@ def test_the_before_eval_goes_first_and_training_waits_for_it(parts):
     links.sent.clear()
     asyncio.run(generation.fill())
     assert [m.job[0] for _, m in links.sent] == ["t"] * 3 and all(len(m.prompt_ids) == 4 for _, m in links.sent)
+    assert not any(m.params.exact_activations for _, m in links.sent)  # rollouts use the run's encoding
 
 
 def test_scored_rollouts_enter_the_buffer_with_the_planners_advantages(parts):
@@ -89,3 +91,17 @@ def test_scored_rollouts_enter_the_buffer_with_the_planners_advantages(parts):
     expected, _ = UpdateRules(objective=ObjectiveConfig(scale_by_std=True, std_eps=0.5)).advantages(rewards)
     np.testing.assert_allclose([r.advantage for r in rows], expected[0], rtol=1e-6)
     assert rewards[0, 0] > rewards[0, 1] and generation.scored_by_peer[ROUTE[0]] == 4
+
+
+
+def test_eval_jobs_cross_stage_boundaries_exact_while_rollouts_use_the_runs_encoding():
+    import msgspec
+
+    from engine.swarm.generation import _wire_encoding
+
+    base = messages.GenParams(max_new_tokens=4, temperature=1.0, top_p=1.0, seed=1, stop_ids=[2])
+    job = messages.Gen(job="e1", route=ROUTE, prompt_ids=[[1]],
+                       params=msgspec.structs.replace(base, exact_activations=True))
+    received = messages.decode_from_coordinator(messages.encode(job))
+    assert _wire_encoding(received.params, "bf16") == "fp32"  # survives the wire and wins over the run's
+    assert _wire_encoding(base, "bf16") == "bf16" and _wire_encoding(None, "int8_rowwise") == "int8_rowwise"
