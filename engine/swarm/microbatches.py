@@ -4,7 +4,8 @@ A pass (a mini-batch's forward+backward, or the forward-only pass that records t
 log-probs) is cut into micro-batches spread over the routes (data parallel across the
 trainers' pipelines): token ids go to each route's first stage (``train_in``), targets, mask,
 advantages and behaviour log-probs to its last stage (``train_out``). Every micro-batch has its
-own deadline (``mb_timeout_s``); the whole pass has one too (``timeout_s``). A micro-batch whose
+own deadline: ``mb_timeout_s`` for each micro-batch of the pass queued on its route before it and
+itself (a route's trainers work through them in turn); the whole pass has one too (``timeout_s``). A micro-batch whose
 route breaks — a node leaves, reports ``mb_failed``, cannot be reached, or misses the
 micro-batch deadline — is retried on another route (``engine.swarm.route_health`` picks it, and
 counts misses: a trainer that stays silent is evicted after a few, so it costs the run a
@@ -85,8 +86,11 @@ class MicrobatchDispatcher:
         self.last_refused = False
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
+            # a route's trainers run its micro-batches one after another: the k-th queued there gets k+1 deadlines
+            queued = sum(1 for key, w in self._in_flight.items()
+                         if key[0] == step and key[2] == forward_only and w.route == tuple(route) and not w.future.done())
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future(),
-                                due=time.monotonic() + self.mb_timeout_s)
+                                due=time.monotonic() + self.mb_timeout_s * (1 + queued))
             self._in_flight[(step, mb, forward_only)] = waiting
             rows = None
             if proximal is not None:

@@ -187,7 +187,8 @@ class RunConfig:
         cores with a fixed count: 3 -> 8 raised the demo from 672 to 796 versions in 8 minutes.
       microbatch_timeout_s: how long the coordinator waits for one training micro-batch before it
         re-dispatches it on another route and counts a miss against the route's trainers (two
-        misses in a row evict a trainer); the coordinator's step deadline still bounds the pass.
+        misses in a row evict a trainer), per micro-batch queued on that route (the k-th gets k
+        times this); the coordinator's step deadline still bounds the pass.
       eval_every_versions: greedy held-out eval every this many versions (0 = start/end only).
       checkpoint_every_versions: stage leaders write a stage checkpoint this often.
       max_versions: the run stops training after this version (0 = never).

@@ -143,3 +143,30 @@ def test_an_evicted_node_is_refused_when_it_reconnects_and_told_when_it_may_rejo
         finally:
             await c.stop()
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_micro_batches_queued_on_one_route_get_a_deadline_each_so_a_slow_but_steady_trainer_is_not_evicted():
+    """A route's trainers work through its micro-batches in turn (a real model on CPU takes seconds
+    each): the k-th queued there is due after k deadlines, not one (a 30-minute SmolLM2 run had its
+    only stage-1 trainer evicted at step 0 for the 4th of 4 micro-batches it was still working on)."""
+    links, counters = RecordingLinks.grid([["a0"], ["b0"]]), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=1, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+    per_mb_s = 0.7 * MB_TIMEOUT_S  # each well inside one deadline; the 4th ends at 2.8 deadlines
+    answered: list[int] = []
+
+    def answer(peer, message):
+        if not isinstance(message, messages.TrainOut):
+            return
+        done_at = per_mb_s * (len(answered) + 1)
+        answered.append(message.mb)
+        loop = asyncio.get_running_loop()
+        loop.call_later(done_at, dispatcher.on_mb_done, message.route[0],
+                        messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+
+    async def one_pass():
+        return await dispatcher.run(0, _batch(rows=4), None)
+    assert asyncio.run(one_pass()) == []
+    assert sorted(answered) == [0, 1, 2, 3]  # each sent once: no micro-batch was re-dispatched
+    assert counters["missed_deadlines"] == 0 and not links.evicted
