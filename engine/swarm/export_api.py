@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import msgspec
 from msgspec import Meta
@@ -38,9 +38,6 @@ from engine.swarm.messages import (
     StageIndex,
     Version,
 )
-
-if TYPE_CHECKING:
-    from engine.swarm.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +80,25 @@ class ExportPlan(msgspec.Struct, frozen=True):
     record: dict[str, Any]  # the run record (``RunRecord.to_dict``), checked by ``RunRecord.from_dict``
 
 
+class ExportSource(Protocol):
+    """What the plan reads of the coordinator (``engine.swarm.coordinator.Coordinator`` is one)."""
+
+    book: Any  # RunBook: the run's version
+    members: Any  # Membership: leaders, the weight authority, sends to nodes
+    steps: Any  # StepRunner: the stage checkpoints reported
+    specs: list  # the stages' StageSpecs
+    sessions: dict  # peer id -> NodeSession
+    config: Any  # CoordinatorConfig: db_path
+    run_id: str
+    num_stages: int
+    url: str
+
+
 class ExportRefused(ValueError):
     """The request cannot be planned (bad body, or a version the run does not have)."""
 
 
-async def plan_export(coordinator: "Coordinator", body: bytes) -> ExportPlan:
+async def plan_export(coordinator: ExportSource, body: bytes) -> ExportPlan:
     """Plan an export for ``body`` (an :class:`ExportRequest`) and grant the leaders' permits."""
     from engine.model.export.run_record import RunRecord
 
