@@ -1,7 +1,10 @@
 """`polis export --coordinator`: fetched weights are checked against the swarm's agreed digest, permits are
 narrow, and a run record sent by a coordinator writes the same export as the local database."""
 
+import asyncio
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from engine.model.export.stage_files import read_stage
 from engine.swarm.export_api import ExportStage
 from engine.swarm.export_fetch import WeightsRefused, verify_stage
 from engine.swarm.export_permits import ExportPermits
+from engine.swarm import messages
 from engine.swarm.messages import ExportPermit
 from engine.swarm.weight_votes import WeightAuthority, weights_digest
 
@@ -86,3 +90,62 @@ def test_a_run_record_sent_by_the_coordinator_writes_the_same_export_as_the_loca
         assert (tmp_path / "local" / shard).read_bytes() == (tmp_path / "remote" / shard).read_bytes()
     manifest = json.loads((tmp_path / "remote" / "polis_model.json").read_text())
     assert manifest["source"] == "http://127.0.0.1:1" and remote.version == local.version == 2
+
+
+class _Stage:
+    """The stage runtime part a leader serves weights from (a node's compute thread calls it)."""
+
+    def __init__(self) -> None:
+        self.weights, self.version = _weights(), 7
+        self.backend = object()
+        self.model_config = SimpleNamespace(to_hf_dict=lambda: {"model_type": "llama"})
+
+    def snapshot(self):
+        return {n: w.copy() for n, w in self.weights.items()}, self.version
+
+
+def test_a_stage_leader_sends_its_weights_to_an_exporter_only_with_the_coordinators_permit():
+    from backends.base import StageSpec
+    from engine.swarm import tensor_bundle
+    from engine.swarm.node import Node, NodeConfig
+    from engine.swarm.run_config import RunConfig
+    from tests.support.memory_wire import MemoryWire, RecordingCoordinator
+
+    wire, got = MemoryWire(), []
+    leader, exporter = "leader-0001", "exporter-1"
+    node = Node(NodeConfig("http://127.0.0.1:9"), SimpleNamespace(peer_id=leader), peers=wire.sender(leader),
+                coordinator=RecordingCoordinator())
+    wire.attach(leader, node.on_peer)
+    wire.attach(exporter, lambda sender, header, payload: got.append((header, payload)))
+    node.ctx.stage.rt, node.ctx.stage.spec, node.ctx.stage.run_cfg = _Stage(), StageSpec(1, 2, 1, 2), RunConfig()
+    node.ctx.membership.update([["other-0001"], [leader]], [])
+
+    async def settle():
+        for _ in range(400):
+            await asyncio.sleep(0.005)
+            if not node.ctx.tasks.pending():
+                return
+
+    async def scenario():
+        try:
+            await wire.send(exporter, leader, messages.WeightsReq(stage=1))
+            await settle()
+            assert not got and "not a replica of ours" in wire.strikes[(leader, exporter)][-1]
+            node.on_coordinator(messages.decode_from_coordinator(messages.encode(
+                ExportPermit(peer=exporter, stage=1, expires_s=int(time.time()) + 600))))
+            assert node.export_permits.allows(exporter)  # its links accept the exporter now
+            await wire.send(exporter, leader, messages.WeightsReq(stage=0))  # another stage than permitted
+            await wire.send(exporter, leader, messages.WeightsReq(stage=1, stream=True))  # no stream for it
+            await settle()
+            assert not got and len(wire.strikes[(leader, exporter)]) == 3
+            await wire.send(exporter, leader, messages.WeightsReq(stage=1))
+            await settle()
+        finally:
+            await node.ctx.tasks.cancel_all()
+            node.compute.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    (header, payload), = got
+    tensors = tensor_bundle.unpack(header.tensors, payload, {n: w.shape for n, w in _weights().items()},
+                                   require_all=True)
+    assert (header.stage, header.version) == (1, 7) and weights_digest(tensors) == weights_digest(_weights())
