@@ -54,6 +54,10 @@ def test_an_export_by_coordinator_url_fetches_the_stages_over_webrtc_and_equals_
         last = stats["version"]
         files = _stage_files(tmp_path)
         assert len(files) == 2
+        (tmp_path / "wrong-token").write_text("not-the-token")
+        assert main(["export", "--coordinator", swarm.url, "--admin-token-file", str(tmp_path / "wrong-token"),
+                     "--out", str(tmp_path / "refused")]) == 2
+        assert "refused the admin token" in capsys.readouterr().err
         _hide(files)  # not readable here: each stage must come from its leader over WebRTC
         assert main([*url_args, "--out", str(by_url)]) == 0
         fetched = json.loads(capsys.readouterr().out)

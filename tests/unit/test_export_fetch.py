@@ -149,3 +149,14 @@ def test_a_stage_leader_sends_its_weights_to_an_exporter_only_with_the_coordinat
     tensors = tensor_bundle.unpack(header.tensors, payload, {n: w.shape for n, w in _weights().items()},
                                    require_all=True)
     assert (header.stage, header.version) == (1, 7) and weights_digest(tensors) == weights_digest(_weights())
+
+
+def test_the_export_api_refuses_malformed_requests_and_versions_the_run_does_not_have():
+    from engine.swarm.export_api import MAX_REQUEST_BYTES, ExportRefused, plan_export
+
+    source = SimpleNamespace(book=SimpleNamespace(version=4))
+    for body, why in ((b"{", "not an export request"), (b'{"peer_id": "exporter-1", "admin": true}', "not an export"),
+                      (b'{"peer_id": "x"}', "not an export request"), (b" " * (MAX_REQUEST_BYTES + 1), "over"),
+                      (b'{"peer_id": "exporter-1", "version": 5}', "the run is at version 4; it has no version 5")):
+        with pytest.raises(ExportRefused, match=why):
+            asyncio.run(plan_export(source, body))
