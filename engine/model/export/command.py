@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --coordinator: the file `polis coordinator --admin-token-file` wrote "
                              "(or set POLIS_ADMIN_TOKEN)")
     parser.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
+    parser.add_argument("--stage-timeout-s", type=float, default=None,
+                        help="with --coordinator: longest one stage's weights may take over WebRTC (default 180)")
     parser.add_argument("--version", type=int, default=None,
                         help="policy version to export (default: the newest every stage has checkpointed; "
                              "with --coordinator the run's current version)")
@@ -128,6 +130,7 @@ def _export_from_swarm(args: argparse.Namespace):
         raise ValueError("--coordinator needs the admin token: pass --admin-token-file (the file "
                          "`polis coordinator --admin-token-file` wrote) or set POLIS_ADMIN_TOKEN")
     check_out_dir(Path(args.out), overwrite=args.force)  # before fetching anything
-    record, stages = asyncio.run(fetch_run(args.coordinator, token, version=args.version))
+    timeout = {} if args.stage_timeout_s is None else {"stage_timeout_s": args.stage_timeout_s}
+    record, stages = asyncio.run(fetch_run(args.coordinator, token, version=args.version, **timeout))
     return record, write_export(record, stages, args.out, base_dir=args.base, adapter=args.adapter,
                                 overwrite=args.force)
