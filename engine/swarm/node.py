@@ -21,6 +21,8 @@ keyed by its type. The collaborators share a
 * ``engine.swarm.replica_step`` - gradient shares, the optimiser step, weights between replicas;
 * ``engine.swarm.weight_stream_leader`` / ``engine.swarm.inference_replica`` - the weight stream;
 * ``engine.swarm.node_status`` - reports to the coordinator, events to the supervisor.
+* ``engine.swarm.export_permits`` - exporters the coordinator lets fetch our stage's full weights
+  (``polis export --coordinator``: a link from them is accepted, ``weights_req`` answered, no stream).
 
 Threads: everything here lives on the asyncio loop; the stage lives on a
 :class:`~engine.swarm.compute_thread.ComputeThread` and is only touched there.
