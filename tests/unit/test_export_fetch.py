@@ -12,10 +12,10 @@ import pytest
 from engine.model.export.hf_export import export_version, write_export
 from engine.model.export.run_record import RunRecord
 from engine.model.export.stage_files import read_stage
+from engine.swarm import messages
 from engine.swarm.export_api import ExportStage
 from engine.swarm.export_fetch import WeightsRefused, verify_stage
 from engine.swarm.export_permits import ExportPermits
-from engine.swarm import messages
 from engine.swarm.messages import ExportPermit
 from engine.swarm.weight_votes import WeightAuthority, weights_digest
 
