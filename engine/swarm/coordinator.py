@@ -16,7 +16,8 @@ One aiohttp application serves:
   checksums use trainers), load from their stage's leader trainer and follow its
   weight stream (``engine.swarm.stream_book`` keeps the figures);
 * ``/api/stats`` (GET) — JSON for the GUI and ``polis demo``; ``/api/eval`` and
-  ``/api/finish`` (POST, admin token) — ask for an eval / end training.
+  ``/api/finish`` (POST, admin token) — ask for an eval / end training; ``/api/export``
+  (POST, admin token) — plan ``polis export --coordinator`` (``engine.swarm.export_api``).
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
@@ -162,6 +163,7 @@ class Coordinator:
         app.router.add_get("/api/stats", self._stats)
         app.router.add_post("/api/eval", self._admin(self._post_eval))
         app.router.add_post("/api/finish", self._admin(self._post_finish))
+        app.router.add_post("/api/export", self._admin(self._post_export))
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
@@ -429,6 +431,15 @@ class Coordinator:
         self.book.finished = True
         self.evals.request(self.book.version)
         return web.json_response({"finished_at_version": self.book.version})
+
+    async def _post_export(self, request: web.Request) -> web.Response:
+        from engine.swarm.export_api import ExportRefused, plan_export
+
+        try:  # the body is capped by client_max_size, then by plan_export
+            plan = await plan_export(self, await request.read())
+        except ExportRefused as exc:
+            return web.json_response({"error": str(exc)[:500]}, status=400)
+        return web.Response(body=msgspec.json.encode(plan), content_type="application/json")
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())

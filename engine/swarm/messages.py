@@ -242,7 +242,17 @@ class Shutdown(WireMessage, frozen=True, tag="shutdown"):
     reason: Reason  # words for the user
 
 
-CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, GenRelease, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown]
+class ExportPermit(WireMessage, frozen=True, tag="export_permit"):
+    """The coordinator lets ``peer`` (an exporter, not a member) ask this stage leader for its full
+    weights (``weights_req``) until ``expires_s``: ``polis export --coordinator`` (``engine.swarm.export_api``)."""
+
+    peer: PeerId  # the exporter's peer id (its signalling identity)
+    stage: StageIndex  # the stage it may fetch
+    expires_s: Annotated[int, Meta(ge=0, le=1 << 40)]  # unix seconds (coordinator clock) it is good until
+
+
+CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, GenRelease, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown,
+                          ExportPermit]
 
 
 # ---------------------------------------------------------------- node -> coordinator

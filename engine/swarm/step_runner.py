@@ -277,7 +277,8 @@ class StepRunner:
                     self.checkpoint_versions[stage] = m.version
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
                     self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
-            if len(seen) >= 2 and agree:
+            # a lone replica's digest is recorded too: `polis export --coordinator` checks fetched weights by it
+            if agree and (len(seen) >= 2 or any(m.weights_hash for _, m in seen)):
                 await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
 
     def checkpoint_of(self, stage: int, version: int) -> str | None:
