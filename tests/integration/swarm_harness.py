@@ -52,9 +52,11 @@ class Swarm:
         self.coordinator = self._spawn("coordinator", *argv, *self.coordinator_args)
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
-    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None) -> None:
+    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None,
+                   slowdown: float | None = None) -> None:
         """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``);
-        ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``)."""
+        ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``);
+        ``slowdown``: a node that computes that many times slower (``tests.support.throttled_node``)."""
         argv = ["-v", "node", "--coordinator", self.url, "--identity", name, "--data-dir", str(self.tmp / name),
                 "--checkpoint", self.checkpoint, "--backend", "torch", *extra]
         command = None
@@ -62,6 +64,10 @@ class Swarm:
             from tests.support.hostile_node import node_argv
 
             command = node_argv(misbehaviour, *argv)
+        elif slowdown is not None:
+            from tests.support import throttled_node
+
+            command = throttled_node.node_argv(slowdown, *argv)
         self.nodes[name] = self._spawn(name, *argv, command=command)
 
     def peer_id(self, name: str) -> str:
