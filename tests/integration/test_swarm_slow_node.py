@@ -18,6 +18,7 @@ node's sleep gives the others CPU back and the measured ratio can exceed the ide
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -44,9 +45,12 @@ def _nodes_in(stats: dict) -> int:
     return sum(1 for n in stats["nodes"] if n["stage"] is not None)
 
 
-def _versions_per_min(tmp_path, slow: bool) -> tuple[float, dict]:
+def _versions_per_min(tmp_path, slow: bool, equal_shares: bool = False) -> tuple[float, dict]:
+    """Versions per minute over ``WINDOW_S`` after the warm-up, and the last stats."""
+    from tests.support.equal_shares import coordinator_argv
+
     tmp_path.mkdir()
-    swarm = Swarm(tmp_path, settings=RUN)
+    swarm = Swarm(tmp_path, settings=RUN, coordinator_command=coordinator_argv if equal_shares else None)
     try:
         swarm.start_coordinator()
         for k, name in enumerate(["n0", "n1", "n2", "n3"]):  # joined one by one: n1 and n3 serve stage 1
@@ -58,7 +62,10 @@ def _versions_per_min(tmp_path, slow: bool) -> tuple[float, dict]:
         time.sleep(WINDOW_S)
         stats = swarm.stats()
         rate = (stats["version"] - v0) * 60.0 / (time.monotonic() - t0)
-        log.info("%s: %.1f versions/min; route weights %s; counters %s", "slow" if slow else "clean", rate,
+        window = [s for s in stats["steps"] if s["version"] > v0]
+        train_s = sum(s["train_s"] for s in window) / max(1, len(window))
+        log.info("%s%s: %.1f versions/min, %.3f s of micro-batches a step; route weights %s; counters %s",
+                 "slow" if slow else "clean", " (equal shares)" if equal_shares else "", rate, train_s,
                  stats["route_weights"], stats["counters"])
         return rate, stats
     finally:
@@ -75,3 +82,15 @@ def test_a_node_at_a_quarter_speed_cuts_versions_per_minute_by_no_more_than_its_
     assert ratio >= IDEAL - NOISE, (clean, slowed, stats["route_weights"])
     training = {tuple(r["route"]): r["rows_per_s"] for r in stats["route_weights"]["training"]}
     assert len(training) >= 2 and max(training.values()) > 2 * min(training.values())  # the slow route is seen
+
+
+@pytest.mark.skipif(os.environ.get("POLIS_SLOW_NODE_BASELINE") != "1",
+                    reason="a 3-minute measurement, run on request: POLIS_SLOW_NODE_BASELINE=1")
+def test_with_a_quarter_speed_node_weighted_routes_beat_equal_shares(tmp_path):
+    """The same throttled swarm twice: route weights on, then off (``tests.support.equal_shares``).
+    Both runs free the same CPU, so what differs is only how work is shared."""
+    weighted, _ = _versions_per_min(tmp_path / "weighted", slow=True)
+    equal, _ = _versions_per_min(tmp_path / "equal", slow=True, equal_shares=True)
+    log.info("one node at 1/%g speed: versions/min weighted %.1f, equal shares %.1f (%.2fx)", SLOWDOWN, weighted,
+             equal, weighted / max(equal, 1e-9))
+    assert weighted >= (1 - NOISE) * equal
