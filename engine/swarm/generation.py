@@ -229,6 +229,10 @@ class Generation:
             return
         tensor, payload = await self._compute(forward_encoded, rt.gen_forward, job, x,
                                               _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding))
+        if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
+            if job not in self._first:
+                ctx.compute.submit(rt.drop, job)
+            return
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket), payload)

@@ -1,16 +1,16 @@
 """The optimiser step of a stage and everything between its replicas: shares, weights, resync.
 
-On ``apply`` (from the coordinator, naming the stage's trainers) each trainer
-compresses its accumulated gradient (``engine.swarm.replica_sync``), sends it to
-the other trainers (``share``), waits for theirs up to ``share_timeout_s`` (a
-replica that left the stage is not waited for), aggregates identically to every
-other replica (weighted by each replica's token share when ``apply`` names unequal ones); the first and the last stage of a tied-embedding model then sum their
-gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
-applies, optionally writes the stage checkpoint, and reports ``stepped`` with a digest of
-its full weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica
-that joins or was outvoted asks another for full weights (``weights_req`` / ``weights``;
-``sync`` from the coordinator names the source, the version and the majority's digest, and
-weights that do not match are refused: a strike and ``weights_refused``, nothing installed).
+On ``apply`` (from the coordinator, naming the stage's trainers) each trainer compresses its
+accumulated gradient (``engine.swarm.replica_sync``), sends it to the other trainers (``share``),
+waits for theirs up to ``share_timeout_s`` (a replica that left the stage is not waited for),
+aggregates identically to every other replica (weighted by each replica's token share when
+``apply`` names unequal ones); the first and the last stage of a tied-embedding model then sum
+their gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
+applies, optionally writes the stage checkpoint, and reports ``stepped`` with a digest of its full
+weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica that joins or
+was outvoted asks another for full weights (``weights_req`` / ``weights``; ``sync`` from the
+coordinator names the source, the version and the majority's digest, and weights that do not match
+are refused: a strike and ``weights_refused``, nothing installed).
 
 With ``replica_sync.mode = "diloco"`` a trainer steps on its own gradient (no share) and,
 at versions that are multiples of ``inner_steps``, right after that inner step, sends its
@@ -33,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from functools import partial
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 

@@ -46,8 +46,8 @@ from engine.swarm import messages
 from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewards
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.inflight import InFlightPacer
-from engine.swarm.route_weights import RouteWeights
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
+from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
 from engine.swarm.store import Store
