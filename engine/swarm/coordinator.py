@@ -329,7 +329,8 @@ class Coordinator:
             slot.stage = preferred
             stage = preferred
         else:
-            stage = assign_new_node(self.assignment, slot)
+            # where it adds most throughput once every stage is served and measured
+            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s())
         if stage is None:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
@@ -471,6 +472,9 @@ class Coordinator:
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
             # per route: the jobs in flight it gets and why (engine.swarm.inflight)
             "in_flight": generation.pacer.snapshot(self.members.gen_routes(), self.run.generations_in_flight),
+            # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
+            "route_weights": {"generation": generation.weights.snapshot()["generation"],
+                              "training": steps.microbatches.weights.snapshot()["training"]},
             "samples": list(generation.samples), "monitor": self.monitor.figures,
             "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},

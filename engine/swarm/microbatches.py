@@ -9,7 +9,10 @@ itself (a route's trainers work through them in turn); the whole pass has one to
 route breaks — a node leaves, reports ``mb_failed``, cannot be reached, or misses the
 micro-batch deadline — is retried on another route (``engine.swarm.route_health`` picks it, and
 counts misses: a trainer that stays silent is evicted after a few, so it costs the run a
-micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. ``last_refused``
+micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. Each route's
+share of a pass's rows follows its measured rows per second (``engine.swarm.route_weights``), so a
+slow trainer gets fewer rows instead of holding the pass; the tokens each trainer trained are
+counted (``take_trained_tokens``) for the step's ``apply``, whose aggregation weighs replicas by them. ``last_refused``
 says whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather
 than because a node left or was late.
 
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from engine.rl.batch import TrainBatch
 from engine.swarm import messages
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.route_health import RouteHealth
+from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,10 @@ class MicrobatchDispatcher:
         self.micro_batch_rows, self.timeout_s = micro_batch_rows, timeout_s
         self.mb_timeout_s = timeout_s if mb_timeout_s is None else min(mb_timeout_s, timeout_s)
         self.health = RouteHealth(links, counters)
+        #: training routes' measured rows per second: each route's share of a pass's rows
+        self.weights = RouteWeights()
+        #: trainer -> tokens of the micro-batches it trained since the last ``take_trained_tokens``
+        self.trained_tokens: Counter[str] = Counter()
         self._in_flight: dict[tuple[int, int, bool], _InFlight] = {}  #: (step, mb, forward only) -> its wait
         #: the last failed pass failed because nodes refused a micro-batch (not lost, not late)
         self.last_refused = False
@@ -76,10 +83,15 @@ class MicrobatchDispatcher:
         if not routes:
             return None
         rows = batch.num_rows
-        per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
+        # each route's share of the rows follows its measured rows per second (engine.swarm.route_weights)
+        plan = self.weights.split_rows(routes, rows, self.micro_batch_rows)
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
-        for mb, start in enumerate(range(0, rows, per_mb)):
-            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0, start)
+        first_route: dict[int, list[str]] = {}
+        for mb, (start, stop, route) in enumerate(plan):
+            pending[mb] = (batch.rows(start, stop), 0, start)
+            first_route[mb] = route
+        route_rows: Counter[tuple[str, ...]] = Counter()  #: rows each route finished in this pass
+        route_span: dict[tuple[str, ...], list[float]] = {}  #: its first dispatch, its last one done
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.timeout_s
         results: list[tuple[int, np.ndarray]] = []
@@ -92,6 +104,7 @@ class MicrobatchDispatcher:
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future(),
                                 due=time.monotonic() + self.mb_timeout_s * (1 + queued))
             self._in_flight[(step, mb, forward_only)] = waiting
+            route_span.setdefault(tuple(route), [time.monotonic()] * 2)
             rows = None
             if proximal is not None:
                 rows = np.round(proximal[start:start + micro.num_rows, :micro.inputs.shape[1]], 6).tolist()
@@ -108,9 +121,9 @@ class MicrobatchDispatcher:
         def waiting_for(mb: int) -> _InFlight:
             return self._in_flight[(step, mb, forward_only)]
 
-        for i, mb in enumerate(sorted(pending)):
+        for mb in sorted(pending):
             micro, _, start = pending[mb]
-            await dispatch(mb, micro, start, routes[i % len(routes)])
+            await dispatch(mb, micro, start, first_route[mb])
         try:
             while pending:
                 now = time.monotonic()
@@ -133,6 +146,11 @@ class MicrobatchDispatcher:
                     micro, attempts, start = pending.pop(mb)
                     if status == "done":
                         self.health.answered(finished.route)
+                        route_rows[finished.route] += micro.num_rows
+                        route_span[finished.route][1] = time.monotonic()
+                        if not forward_only:
+                            for peer in finished.route:
+                                self.trained_tokens[peer] += micro.num_tokens
                         if forward_only:
                             results.append((start, detail))
                         continue
@@ -151,10 +169,17 @@ class MicrobatchDispatcher:
                              list(missed), detail, route)
                     pending[mb] = (micro, attempts + 1, start)
                     await dispatch(mb, micro, start, route)
+            for route, done_rows in route_rows.items():
+                self.weights.train_done(route, done_rows, route_span[route][1] - route_span[route][0])
             return results
         finally:
             for key in [k for k in self._in_flight if k[0] == step and k[2] == forward_only]:
                 del self._in_flight[key]
+
+    def take_trained_tokens(self) -> Counter[str]:
+        """Tokens each trainer trained in the passes since the last call (the step's shares)."""
+        taken, self.trained_tokens = self.trained_tokens, Counter()
+        return taken
 
     # ------------------------------------------------------------------ node reports
     def _waiting(self, step: int, mb: int, forward_only: bool) -> _InFlight | None:

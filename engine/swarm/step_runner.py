@@ -186,6 +186,7 @@ class StepRunner:
             if len(self._failed_once) > 65536:  # bounded: ids that left the buffer otherwise linger
                 self._failed_once.clear()
             log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
+        self.microbatches.take_trained_tokens()  # nothing of the aborted step is applied
         for replicas in self.links.stage_replicas():
             for peer in replicas:
                 await self.links.send(peer, messages.Abort(step=step))
@@ -229,11 +230,15 @@ class StepRunner:
         expected: set[str] = set()
         inference = self.links.inference_replicas()
         self.book.begin_apply(version)
+        trained = self.microbatches.take_trained_tokens()
         for stage, replicas in enumerate(self.links.stage_replicas()):
             leader = self.links.leader(stage)  # named by the weight votes: checkpoints, streams to inference
+            total = sum(trained[p] for p in replicas)
+            # the replicas' shares of the step's tokens (micro-batches follow the routes' speed)
+            shares = [trained[p] / total for p in replicas] if total and len(replicas) > 1 else []
             for peer in replicas:
                 apply = messages.Apply(step=step, version=version, replicas=replicas, leader=leader,
-                                       checkpoint=checkpoint and peer == leader,
+                                       checkpoint=checkpoint and peer == leader, token_shares=shares,
                                        inference=inference[stage] if stage < len(inference) else [])
                 if await self.links.send(peer, apply):
                     expected.add(peer)
