@@ -279,9 +279,9 @@ def warm_up(base_dir: str | Path, task: TaskConfig, env: EnvSettings, settings: 
     started = time.perf_counter()
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     key = key or warmup_key(settings, task, env, weights_sha256(base_dir))
-    run_task = make_run_task(task, base_dir, env)
-    if not hasattr(run_task, "open_episode"):
+    if not env.name:
         raise ValueError("the tool warm-up needs a run in an environment (env.name, e.g. calculator)")
+    run_task = make_run_task(task, base_dir, env)
     rows, skipped = transcript_trajectories(run_task, settings.steps * settings.batch_size, settings.seed)
     lora = LoraConfig(enabled=True, rank=settings.lora_rank, alpha=settings.lora_alpha)
     pipeline = LocalPipeline.from_checkpoint(base_dir, 1, backend, optimizer=OptimizerConfig(lr=settings.lr, lora=lora))
