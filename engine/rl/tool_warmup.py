@@ -19,7 +19,8 @@ the tool:
 
 Before and after training it scores ``eval_items`` held-out episodes greedily in the environment
 (``evaluate_tool_use``: the run task's own episode stepping, so the figures are the swarm eval's),
-reporting accuracy, tool calls and turns per episode. The result is cached under a key of the
+reporting accuracy, tool calls and turns per episode, and the base on the same questions without
+the tool (``engine.rl.checkpoint_eval``, one greedy turn). The result is cached under a key of the
 settings, the task, the environment limits and the base's weights hash (``warmup_key``):
 ``cached_warm_up`` reuses a directory whose ``WARMUP.json`` has the same key.
 
@@ -33,7 +34,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -118,7 +119,8 @@ class WarmupReport:
     before: ToolUseFigures | None
     after: ToolUseFigures | None
     reused: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the base on the same held-out questions without the tool (one greedy turn; ``TaskEval`` as a dict)
+    base_without_tool: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -283,6 +285,13 @@ def warm_up(base_dir: str | Path, task: TaskConfig, env: EnvSettings, settings: 
         raise ValueError("the tool warm-up needs a run in an environment (env.name, e.g. calculator)")
     run_task = make_run_task(task, base_dir, env)
     rows, skipped = transcript_trajectories(run_task, settings.steps * settings.batch_size, settings.seed)
+    without_tool = None
+    if settings.eval_items:
+        from engine.rl.checkpoint_eval import evaluate_checkpoint
+
+        progress(f"warm-up: scoring the base on {settings.eval_items} held-out questions without the tool...")
+        without_tool = evaluate_checkpoint(base_dir, task, n=settings.eval_items, backend=backend,
+                                           max_new_tokens=settings.max_new_tokens).to_dict()
     lora = LoraConfig(enabled=True, rank=settings.lora_rank, alpha=settings.lora_alpha)
     pipeline = LocalPipeline.from_checkpoint(base_dir, 1, backend, optimizer=OptimizerConfig(lr=settings.lr, lora=lora))
     try:
@@ -299,7 +308,8 @@ def warm_up(base_dir: str | Path, task: TaskConfig, env: EnvSettings, settings: 
             progress(f"warm-up: warmed {after}")
         report = WarmupReport(key=key, base_dir=str(base_dir), settings=asdict(settings), steps=settings.steps,
                               transcripts=len(rows), skipped_items=skipped, losses=losses, train_seconds=train_s,
-                              seconds=round(time.perf_counter() - started, 2), before=before, after=after)
+                              seconds=round(time.perf_counter() - started, 2), before=before, after=after,
+                              base_without_tool=without_tool)
         write_checkpoint(pipeline, base_dir, out_dir, report.to_dict())
         return report
     finally:
