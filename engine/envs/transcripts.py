@@ -21,6 +21,7 @@ and trains on these).
 from __future__ import annotations
 
 from itertools import islice
+
 from engine.envs.contract import EpisodeItem, EpisodeLimits, EpisodeResult, Message, run_episode
 from engine.envs.tool_env import ToolEnvironment
 from engine.envs.tools import format_tool_call
@@ -39,7 +40,8 @@ def _calculator_name(env: ToolEnvironment) -> str:
     raise ValueError(f"the {env.name} environment has no tool that takes an expression")
 
 
-def tool_transcript(env: ToolEnvironment, item: EpisodeItem, limits: EpisodeLimits | None = None) -> EpisodeResult | None:
+def tool_transcript(env: ToolEnvironment, item: EpisodeItem,
+                    limits: EpisodeLimits | None = None) -> EpisodeResult | None:
     """The environment's episode of ``item`` under the correct calculator policy, or ``None`` when the
     environment does not score it as solved with a working call (see the module docstring)."""
     if item.held_out:

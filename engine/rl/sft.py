@@ -5,8 +5,9 @@ before them, so ``dloss/dlogp = -mask / N``; it goes down the stage chain exactl
 gradient does. Two ways in, one step: digit examples through the task codec (``sft_arrays``:
 answer + EOS trained; ``polis make-base`` gives RL a start whose exact match is above zero),
 and token rows with their own loss mask (``sft_token_arrays``: e.g. the trajectories of tool
-transcripts, only the model's tokens trained; ``engine.rl.tool_warmup``). It clips the global gradient norm (it only ever runs in one process, where the
-global norm is free); the RL update clips per stage (``engine.rl.update``).
+transcripts, only the model's tokens trained; ``engine.rl.tool_warmup``). It clips the global
+gradient norm (it only ever runs in one process, where the global norm is free); the RL update
+clips per stage (``engine.rl.update``).
 
 What it does not know: rewards, advantages, checkpoint files.
 """

@@ -36,13 +36,16 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from engine.envs.settings import EnvSettings
 from engine.envs.trajectory import Trajectory
 from engine.rl.tasks import TaskConfig
+
+if TYPE_CHECKING:
+    from engine.rl.env_run_task import EnvRunTask
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +152,14 @@ def warmup_key(settings: WarmupSettings, task: TaskConfig, env: EnvSettings, bas
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def transcript_trajectories(run_task, count: int, seed: int) -> tuple[list[Trajectory], int]:
+def transcript_trajectories(run_task: "EnvRunTask", count: int, seed: int) -> tuple[list[Trajectory], int]:
     """``count`` transcript trajectories of the run task's environment (model tokens masked in),
     and how many training items were skipped on the way."""
+    from engine.envs.tool_env import ToolEnvironment
     from engine.envs.transcripts import tool_transcripts
 
+    if not isinstance(run_task.env, ToolEnvironment):
+        raise ValueError(f"the {run_task.env.name} environment has no tools to warm up on")
     made, skipped = tool_transcripts(run_task.env, seed, count, limits=run_task.limits, max_items=4 * count + 16)
     out = [run_task.renderer.trajectory(result.messages, opening=len(item.messages)) for item, result in made]
     if len(out) < count:
@@ -185,7 +191,7 @@ class GreedyTurns:
         self.pipeline.drop_cache(self.cache_id)
 
 
-def evaluate_tool_use(pipeline, run_task, n: int, max_new_tokens: int) -> ToolUseFigures:
+def evaluate_tool_use(pipeline, run_task: "EnvRunTask", n: int, max_new_tokens: int) -> ToolUseFigures:
     """Greedy episodes of the first ``n`` held-out items through the run task's own episode stepping."""
     started = time.perf_counter()
     prompts = run_task.eval_prompts()[:n]
@@ -203,6 +209,7 @@ def evaluate_tool_use(pipeline, run_task, n: int, max_new_tokens: int) -> ToolUs
         finally:
             gen.close()
         out = episode.outcome
+        assert out is not None
         strict += out.score.strict
         calls += out.tool_calls
         turns += out.turns
@@ -283,7 +290,10 @@ def warm_up(base_dir: str | Path, task: TaskConfig, env: EnvSettings, settings: 
     key = key or warmup_key(settings, task, env, weights_sha256(base_dir))
     if not env.name:
         raise ValueError("the tool warm-up needs a run in an environment (env.name, e.g. calculator)")
+    from engine.rl.env_run_task import EnvRunTask
+
     run_task = make_run_task(task, base_dir, env)
+    assert isinstance(run_task, EnvRunTask)  # an env.name gives an environment's run task
     rows, skipped = transcript_trajectories(run_task, settings.steps * settings.batch_size, settings.seed)
     without_tool = None
     if settings.eval_items:
