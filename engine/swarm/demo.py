@@ -362,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             ensure_imported(args.model, out)
         warmup = tool_warm_up(args, out) if args.env and args.model and args.warmup_steps > 0 else None
+        started = time.monotonic()  # --minutes is RL's time; the warm-up reports its own seconds
         swarm.start()
         version_times = VersionTimes()
         stats = _watch(swarm, args, started, out, version_times)
