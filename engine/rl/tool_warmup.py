@@ -71,7 +71,7 @@ class WarmupSettings:
       max_new_tokens: tokens a model turn may take in those evals (the demo's RL turn budget).
     """
 
-    steps: int = 32
+    steps: int = 2
     batch_size: int = 4
     micro_batch_rows: int = 4
     lr: float = 1e-4
