@@ -103,10 +103,11 @@ def assign_new_node(assignment: Assignment, slot: NodeSlot,
     if not candidates:
         slot.stage = None
         return None
-    measured = speeds is not None and all(coverage[s] for s in candidates) and \
-        all(speeds.get(p, 0) > 0 for s in candidates for p in replicas[s])
+    known = speeds or {}
+    measured = speeds is not None and all(coverage[s] > 0 for s in candidates) and \
+        all(known.get(p, 0.0) > 0 for s in candidates for p in replicas[s])
     if measured:
-        capacity = {s: sum(speeds[p] for p in replicas[s]) for s in candidates}  # type: ignore[index]
+        capacity = {s: sum(known[p] for p in replicas[s]) for s in candidates}
         slot.stage = min(candidates, key=lambda s: (capacity[s], coverage[s], s))
     else:
         slot.stage = min(candidates, key=lambda s: (coverage[s], s))

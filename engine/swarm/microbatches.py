@@ -99,8 +99,8 @@ class MicrobatchDispatcher:
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
             # a route's trainers run its micro-batches one after another: the k-th queued there gets k+1 deadlines
-            queued = sum(1 for key, w in self._in_flight.items()
-                         if key[0] == step and key[2] == forward_only and w.route == tuple(route) and not w.future.done())
+            queued = sum(1 for key, w in self._in_flight.items() if key[0] == step and key[2] == forward_only
+                         and w.route == tuple(route) and not w.future.done())
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future(),
                                 due=time.monotonic() + self.mb_timeout_s * (1 + queued))
             self._in_flight[(step, mb, forward_only)] = waiting
@@ -160,17 +160,17 @@ class MicrobatchDispatcher:
                     retries.append((mb, micro, attempts, start, finished.route, status, detail))
                 for mb, micro, attempts, start, missed, status, detail in retries:
                     self.counters["retried_microbatches"] += 1
-                    route = self.health.retry_route(missed, mb + attempts + 1)
-                    if attempts + 1 >= MAX_MB_ATTEMPTS or route is None:
+                    retry = self.health.retry_route(missed, mb + attempts + 1)
+                    if attempts + 1 >= MAX_MB_ATTEMPTS or retry is None:
                         self.last_refused = status == "refused"
                         log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
                         return None
                     log.info("micro-batch %d of step %d failed on %s (%s); retrying on %s", mb, step,
-                             list(missed), detail, route)
+                             list(missed), detail, retry)
                     pending[mb] = (micro, attempts + 1, start)
-                    await dispatch(mb, micro, start, route)
-            for route, done_rows in route_rows.items():
-                self.weights.train_done(route, done_rows, route_span[route][1] - route_span[route][0])
+                    await dispatch(mb, micro, start, retry)
+            for trained, done_rows in route_rows.items():
+                self.weights.train_done(trained, done_rows, route_span[trained][1] - route_span[trained][0])
             return results
         finally:
             for key in [k for k in self._in_flight if k[0] == step and k[2] == forward_only]:

@@ -97,9 +97,9 @@ class RouteWeights:
         seconds = max(self._clock() - opened.started, 1e-3)
         old = self._gen.pop(opened.route, None)
         self._gen[opened.route] = GenEstimate(
-            jobs_per_s=_ewma(old and old.jobs_per_s, opened.load / seconds),
-            job_s=_ewma(old and old.job_s, seconds),
-            row_tokens_per_s=_ewma(old and old.row_tokens_per_s, row_tokens * opened.load / seconds),
+            jobs_per_s=_ewma(old.jobs_per_s if old else None, opened.load / seconds),
+            job_s=_ewma(old.job_s if old else None, seconds),
+            row_tokens_per_s=_ewma(old.row_tokens_per_s if old else None, row_tokens * opened.load / seconds),
             updated=self._clock())
         _bound(self._gen)
 
