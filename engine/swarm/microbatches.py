@@ -28,11 +28,13 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
+from engine.swarm.logprob_audit import route_avoiding
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.route_health import RouteHealth
 from engine.swarm.run_book import NodeLinks
@@ -41,6 +43,19 @@ log = logging.getLogger(__name__)
 
 #: tries of one micro-batch (on different routes where there are several) before the pass fails
 MAX_MB_ATTEMPTS = 3
+
+
+def _cuts(rows: int, per_mb: int, avoid: Sequence[str | None] | None) -> list[tuple[int, int]]:
+    """Row ranges of the micro-batches: ``per_mb`` rows at most, and (with ``avoid``) never two
+    different nodes to avoid in one."""
+    cuts, start = [], 0
+    while start < rows:
+        stop = min(rows, start + per_mb)
+        if avoid is not None:
+            stop = next((r for r in range(start + 1, stop) if avoid[r] != avoid[start]), stop)
+        cuts.append((start, stop))
+        start = stop
+    return cuts
 
 
 @dataclass
@@ -65,11 +80,16 @@ class MicrobatchDispatcher:
         self.last_refused = False
 
     async def run(self, step: int, batch: TrainBatch, proximal: np.ndarray | None, *,
-                  forward_only: bool = False) -> list[tuple[int, np.ndarray]] | None:
+                  forward_only: bool = False, avoid: Sequence[str | None] | None = None,
+                  ) -> list[tuple[int, np.ndarray, tuple[str, ...]]] | None:
         """Send every micro-batch of ``batch`` and wait for all of them.
 
-        Returns ``[(first_row, log-probs)]`` for a forward-only pass (``[]`` for a training
-        pass) on success, None if the pass failed or ran past its deadline.
+        ``avoid``: per row, a node that should not be the last stage of its route (the log-prob
+        audit keeps a row's generator off the route that checks it; rows with the same one
+        should be contiguous, micro-batches are cut where it changes; see :func:`_cuts`).
+
+        Returns ``[(first_row, log-probs, route that answered)]`` for a forward-only pass (``[]``
+        for a training pass) on success, None if the pass failed or ran past its deadline.
         """
         routes = self.health.routes()
         if not routes:
@@ -77,8 +97,8 @@ class MicrobatchDispatcher:
         rows = batch.num_rows
         per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
-        for mb, start in enumerate(range(0, rows, per_mb)):
-            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0, start)
+        for mb, (start, stop) in enumerate(_cuts(rows, per_mb, avoid)):
+            pending[mb] = (batch.rows(start, stop), 0, start)
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.timeout_s
         results: list[tuple[int, np.ndarray]] = []
@@ -106,7 +126,8 @@ class MicrobatchDispatcher:
 
         for i, mb in enumerate(sorted(pending)):
             micro, _, start = pending[mb]
-            await dispatch(mb, micro, start, routes[i % len(routes)])
+            route = routes[i % len(routes)] if avoid is None else route_avoiding(routes, avoid[start], i)[0]
+            await dispatch(mb, micro, start, route)
         try:
             while pending:
                 now = time.monotonic()
@@ -130,7 +151,7 @@ class MicrobatchDispatcher:
                     if status == "done":
                         self.health.answered(finished.route)
                         if forward_only:
-                            results.append((start, detail))
+                            results.append((start, detail, finished.route))
                         continue
                     if status == "late":
                         cleared = finished.route[-1:] if finished.loss_reported else ()
