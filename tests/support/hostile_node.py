@@ -40,6 +40,8 @@ MISBEHAVIOURS = {
     "ignore_train_in": "drops every train_in and train_out (its routes' micro-batches never finish)",
     "stop_reading_ws": "stops reading its coordinator websocket (TCP reads paused)",
     "stop_draining_sctp": "its SCTP stops taking in chunks: peers' sends to it back up, nothing is acknowledged",
+    "serves_random_weights": "trains honestly but serves random weights (ServesRandomWeights) and reports "
+                             "their digest",
 }
 
 #: an honest-looking hello of a fresh node (override any field to lie)
@@ -177,6 +179,8 @@ def _patch(misbehaviour: str) -> None:
         if not armed.is_set():
             log.warning("hostile node %s now misbehaves: %s", self.ctx.peer_id, MISBEHAVIOURS[misbehaviour])
             armed.set()
+            if misbehaviour == "serves_random_weights":
+                self.ctx.stage.rt = ServesRandomWeights(self.ctx.stage.rt)
             if misbehaviour == "stop_reading_ws":
                 ws = self.session._ws
                 if ws is not None and ws._conn is not None and ws._conn.transport is not None:
