@@ -52,7 +52,8 @@ class Swarm:
         self.coordinator = self._spawn("coordinator", *argv, *self.coordinator_args)
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
-    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None, coordinator: str | None = None) -> None:
+    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None,
+                   coordinator: str | None = None) -> None:
         """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``);
         ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``);
         ``coordinator``: the swarm URL it is given (default: this coordinator's, unpinned)."""

@@ -63,7 +63,8 @@ def make_parts(tmp_path):
         book, evals = RunBook(store), EvalScheduler(task, store)
         store.record_eval(0, 0.1, 10)  # the "before" eval is done: training may start
         evals.wanted = None
-        steps = StepRunner(run, UpdateRules(objective=ObjectiveConfig(scale_by_std=True), updates_per_batch=2), task, store, book, evals,
+        rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True), updates_per_batch=2)
+        steps = StepRunner(run, rules, task, store, book, evals,
                            links, step_timeout_s=5.0)
         _node(links, steps)
         made.append(store)
