@@ -5,11 +5,12 @@ coordinator cannot see which hop stayed silent. A trainer is cleared (its misses
 micro-batch it completes, and the last stage of a route is cleared for a late micro-batch whose
 loss it did report. A trainer with ``max_misses`` misses in a row is evicted
 (``NodeLinks.evict``, through :meth:`RouteHealth.evict`, which the log-prob audit uses too). An
-honest trainer that shared a route with a silent one is cleared on its next route, because :meth:`RouteHealth.routes` pairs each suspect (a trainer with misses)
-with clean trainers of the other stages: with no suspects the routes are exactly
-``NodeLinks.routes()`` (route r takes replica r of every stage), and each suspect shifts the
-suspects of the later stages onto other routes. A retried micro-batch goes to the route that
-shares the fewest trainers with the one that missed.
+honest trainer that shared a route with a silent one is cleared on its next route, because
+:meth:`RouteHealth.routes` pairs each suspect (a trainer with misses) with clean trainers of the
+other stages: with no suspects the routes are exactly ``NodeLinks.routes()`` (route r takes
+replica r of every stage), and each suspect shifts the suspects of the later stages onto other
+routes. A retried micro-batch goes to the route that shares the fewest trainers with the one
+that missed.
 
 What it does not know: micro-batches' contents, steps, websockets, why a trainer is silent.
 """

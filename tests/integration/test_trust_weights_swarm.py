@@ -5,9 +5,10 @@ and weight transfers over WebRTC on 127.0.0.1). The liar (``tests.support.hostil
 ``serves_random_weights``) has the smallest peer id, so the old "smallest id" rule would make it
 the leader; it joins once the honest two are ready (a replica alone at the start is the stage's
 majority by definition: what it serves newcomers cannot be outvoted), trains honestly but every
-weight it serves, and the digest it reports in ``stepped``, are of random weights. The coordinator's full-weight vote outvotes it,
-names an honest leader, resyncs it, and evicts it when it stays outvoted; the honest two never
-split (their digests agree at every vote), and training goes on advancing.
+weight it serves, and the digest it reports in ``stepped``, are of random weights. The
+coordinator's full-weight vote outvotes it, names an honest leader, resyncs it, and evicts it
+when it stays outvoted; the honest two never split (their digests agree at every vote), and
+training goes on advancing.
 What it leaves to ``tests/unit/test_trust_weight_authority.py``: bit-identity with a clean run,
 the liar that reports the honest digest, and ``wlead`` from a non-leader.
 """
