@@ -463,7 +463,11 @@ class Coordinator:
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
                        "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
-                       "refused_results": generation.flagged.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "refused_results": generation.flagged.get(s.peer_id, 0),
+                       "logprob_mismatch": steps.audit.scores[s.peer_id].score if s.peer_id in steps.audit.scores
+                       else None} for s in self.sessions.values()],
+            # per generator: behaviour log-probs vs the proximal pass (engine.swarm.logprob_audit)
+            "logprob_audit": steps.audit.snapshot(),
             "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}

@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
+from engine.swarm.logprob_audit import route_avoiding
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.route_health import RouteHealth
 from engine.swarm.route_weights import RouteWeights
@@ -45,6 +48,19 @@ log = logging.getLogger(__name__)
 
 #: tries of one micro-batch (on different routes where there are several) before the pass fails
 MAX_MB_ATTEMPTS = 3
+
+
+def _cuts(rows: int, per_mb: int, avoid: Sequence[str | None] | None) -> list[tuple[int, int]]:
+    """Row ranges of the micro-batches: ``per_mb`` rows at most, and (with ``avoid``) never two
+    different nodes to avoid in one."""
+    cuts, start = [], 0
+    while start < rows:
+        stop = min(rows, start + per_mb)
+        if avoid is not None:
+            stop = next((r for r in range(start + 1, stop) if avoid[r] != avoid[start]), stop)
+        cuts.append((start, stop))
+        start = stop
+    return cuts
 
 
 @dataclass
@@ -73,11 +89,16 @@ class MicrobatchDispatcher:
         self.last_refused = False
 
     async def run(self, step: int, batch: TrainBatch, proximal: np.ndarray | None, *,
-                  forward_only: bool = False) -> list[tuple[int, np.ndarray]] | None:
+                  forward_only: bool = False, avoid: Sequence[str | None] | None = None,
+                  ) -> list[tuple[int, np.ndarray, tuple[str, ...]]] | None:
         """Send every micro-batch of ``batch`` and wait for all of them.
 
-        Returns ``[(first_row, log-probs)]`` for a forward-only pass (``[]`` for a training
-        pass) on success, None if the pass failed or ran past its deadline.
+        ``avoid``: per row, a node that should not be the last stage of its route (the log-prob
+        audit keeps a row's generator off the route that checks it; rows with the same one
+        should be contiguous, micro-batches are cut where it changes; see :func:`_cuts`).
+
+        Returns ``[(first_row, log-probs, route that answered)]`` for a forward-only pass (``[]``
+        for a training pass) on success, None if the pass failed or ran past its deadline.
         """
         routes = self.health.routes()
         if not routes:
@@ -87,14 +108,20 @@ class MicrobatchDispatcher:
         plan = self.weights.split_rows(routes, rows, self.micro_batch_rows)
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
         first_route: dict[int, list[str]] = {}
-        for mb, (start, stop, route) in enumerate(plan):
-            pending[mb] = (batch.rows(start, stop), 0, start)
-            first_route[mb] = route
+        if avoid is None:  # rows split by route speed
+            for mb, (start, stop, route) in enumerate(plan):
+                pending[mb] = (batch.rows(start, stop), 0, start)
+                first_route[mb] = route
+        else:  # the audit's pass: each micro-batch on a route that does not end at its rows' generator
+            per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
+            for mb, (start, stop) in enumerate(_cuts(rows, per_mb, avoid)):
+                pending[mb] = (batch.rows(start, stop), 0, start)
+                first_route[mb] = route_avoiding(routes, avoid[start], mb)[0]
         route_rows: Counter[tuple[str, ...]] = Counter()  #: rows each route finished in this pass
         route_span: dict[tuple[str, ...], list[float]] = {}  #: its first dispatch, its last one done
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.timeout_s
-        results: list[tuple[int, np.ndarray]] = []
+        results: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
         self.last_refused = False
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
@@ -152,7 +179,7 @@ class MicrobatchDispatcher:
                             for peer in finished.route:
                                 self.trained_tokens[peer] += micro.num_tokens
                         if forward_only:
-                            results.append((start, detail))
+                            results.append((start, detail, finished.route))
                         continue
                     if status == "late":
                         cleared = finished.route[-1:] if finished.loss_reported else ()

@@ -271,8 +271,9 @@ class GenerationScheduler:
         rewards = batch_rewards(b)
         adv, _ = self.rules.advantages(rewards[None, :])
         rows = [dict(group_id=b.key, prompt=b.prompts[0], tokens=o.completion_ids, behaviour_logprobs=o.logprobs,
-                     loss_mask=o.loss_mask, versions=v, min_version=min(v), reward=float(r), advantage=float(a))
-                for o, v, r, a in zip(outcomes, versions, rewards, adv[0])]  # type: ignore[union-attr]
+                     loss_mask=o.loss_mask, versions=v, min_version=min(v), reward=float(r), advantage=float(a),
+                     generator=gen or None)  # the log-prob audit (engine.swarm.logprob_audit) checks it
+                for o, v, r, a, gen in zip(outcomes, versions, rewards, adv[0], b.generators)]  # type: ignore[union-attr]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         self.outcomes.extend(outcomes)

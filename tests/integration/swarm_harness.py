@@ -58,11 +58,13 @@ class Swarm:
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
     def start_node(self, name: str, *extra: str, misbehaviour: str | None = None,
-                   slowdown: float | None = None) -> None:
+                   slowdown: float | None = None, coordinator: str | None = None) -> None:
         """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``);
         ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``);
-        ``slowdown``: a node that computes that many times slower (``tests.support.throttled_node``)."""
-        argv = ["-v", "node", "--coordinator", self.url, "--identity", name, "--data-dir", str(self.tmp / name),
+        ``slowdown``: a node that computes that many times slower (``tests.support.throttled_node``);
+        ``coordinator``: the swarm URL it is given (default: this coordinator's, unpinned)."""
+        argv = ["-v", "node", "--coordinator", coordinator or self.url, "--identity", name,
+                "--data-dir", str(self.tmp / name),
                 "--checkpoint", self.checkpoint, "--backend", "torch", *extra]
         command = None
         if misbehaviour is not None:
@@ -74,6 +76,21 @@ class Swarm:
 
             command = throttled_node.node_argv(slowdown, *argv)
         self.nodes[name] = self._spawn(name, *argv, command=command)
+
+    def pinned_url(self) -> str:
+        """The swarm URL the coordinator printed, pinning its key (``#key=...``)."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            for line in (self.tmp / "coordinator.log").read_text(errors="replace").splitlines():
+                if "nodes join with: polis node --coordinator '" in line:
+                    return line.split("--coordinator '", 1)[1].split("'", 1)[0]
+            time.sleep(0.2)
+        raise AssertionError(f"the coordinator printed no swarm URL; logs in {self.tmp}")
+
+    def log_has(self, name: str, text: str) -> bool:
+        """Whether process ``name``'s log contains ``text``."""
+        log = self.tmp / f"{name}.log"
+        return log.exists() and text in log.read_text(errors="replace")
 
     def peer_id(self, name: str) -> str:
         """The peer id node ``name`` has (its identity is created here first if it has none yet)."""
