@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"trainer steps per run (default {DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds (e.g. 0,1,2): every scenario once per seed, each compared "
+                             "with the clean run of its seed, then mean and spread per scenario (overrides --seed)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help="comma-separated subset of: " + ", ".join(SCENARIOS))
     parser.add_argument("--checkpoint", type=Path, default=None, help="base checkpoint (default: the shipped one)")
@@ -212,6 +215,34 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def summarise(results: Sequence[dict]) -> list[dict]:
+    """Per scenario over seeds: mean, min and max of the held-out end and of the gap to clean, and
+    the largest number of updates lost (``results`` carry ``vs_clean``)."""
+    out = []
+    for name in dict.fromkeys(r["scenario"] for r in results):
+        rows = [r for r in results if r["scenario"] == name]
+        ends, gaps = [r["eval_end"] for r in rows], [r["vs_clean"] for r in rows]
+        out.append({"scenario": name, "seeds": [r["seed"] for r in rows],
+                    "eval_end_mean": round(float(np.mean(ends)), 4),
+                    "eval_end_min": min(ends), "eval_end_max": max(ends),
+                    "vs_clean_mean": round(float(np.mean(gaps)), 4),
+                    "vs_clean_min": min(gaps), "vs_clean_max": max(gaps),
+                    "steps_lost_max": max(r["steps_lost"] for r in rows),
+                    "refused_groups_mean": round(float(np.mean([r["refused_groups"] for r in rows])), 1)})
+    return out
+
+
+def format_summary(summary: Sequence[dict], steps: int) -> str:
+    lines = [f"polis bench trust: {steps} steps, seeds {summary[0]['seeds']} (held-out exact match, mean "
+             f"[min, max] over seeds; 'vs clean' against the clean run of the same seed)",
+             f"{'scenario':<18} {'end':>22} {'vs clean':>26} {'lost':>5}"]
+    for s in summary:
+        lines.append(f"{s['scenario']:<18} {s['eval_end_mean']:>6.3f} [{s['eval_end_min']:.3f}, "
+                     f"{s['eval_end_max']:.3f}] {s['vs_clean_mean']:>+9.3f} [{s['vs_clean_min']:+.3f}, "
+                     f"{s['vs_clean_max']:+.3f}] {s['steps_lost_max']:>5}")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from backends.registry import TORCH_THREADS_ENV
     from engine.paths import base_checkpoint_dir
@@ -230,16 +261,32 @@ def run(args: argparse.Namespace) -> int:
     if "clean" not in names:
         names.insert(0, "clean")
     os.environ.setdefault(TORCH_THREADS_ENV, "1")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
+    except ValueError:
+        print(f"polis bench trust: --seeds takes comma-separated integers, not {args.seeds!r}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     results = []
-    for name in names:
-        r = run_one(str(checkpoint), name, args.seed, args.steps)
-        results.append(r)
-        print(f"  {name:<18} exact {r['eval_start']:.3f} -> {r['eval_end']:.3f} ({r['wall_s']:.0f} s)",
-              file=sys.stderr if args.json else sys.stdout, flush=True)
-    clean_end = next(r["eval_end"] for r in results if r["scenario"] == "clean")
-    for r in results:
-        r["vs_clean"] = round(r["eval_end"] - clean_end, 4)
+    for seed in seeds:
+        of_seed = []
+        for name in names:
+            r = run_one(str(checkpoint), name, seed, args.steps)
+            of_seed.append(r)
+            print(f"  seed {seed} {name:<18} exact {r['eval_start']:.3f} -> {r['eval_end']:.3f} ({r['wall_s']:.0f} s)",
+                  file=sys.stderr if args.json else sys.stdout, flush=True)
+        clean_end = next(r["eval_end"] for r in of_seed if r["scenario"] == "clean")
+        for r in of_seed:
+            r["vs_clean"] = round(r["eval_end"] - clean_end, 4)
+        results.extend(of_seed)
+    if len(seeds) > 1:
+        summary = summarise(results)
+        report = {"steps": args.steps, "seeds": seeds, "replicas": REPLICAS, "checkpoint": str(checkpoint),
+                  "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "scenarios": results}
+        print(format_summary(summary, args.steps))
+        if args.json:
+            print(json.dumps(report))
+        return 0
     report = {"steps": args.steps, "seed": args.seed, "replicas": REPLICAS, "checkpoint": str(checkpoint),
               "clean_end": clean_end, "seconds": round(time.perf_counter() - t0, 1), "scenarios": results}
     print(format_table(report))

@@ -8,7 +8,8 @@ call format, ``CalculatorTool``, ``PythonTool``), ``calculator`` (exact arithmet
 ``pids_cgroup``), ``stats`` (figures of a batch of episodes), ``tool_env`` (``ToolEnvironment`` and the calculator
 environment over a chat question source), ``token_rollout`` (one episode at the token level:
 one growing context for a KV cache, the trajectory and its behaviour log-probs; ``TokenEpisodeRun``
-is the stepping the swarm's turn driver shares), ``registry`` (the environments a run can name).
+is the stepping the swarm's turn driver shares), ``registry`` (the environments a run can name),
+``transcripts`` (correct tool-use transcripts of training items, for ``engine.rl.tool_warmup``).
 
 What it does not know: models, backends, the swarm (``engine.rl.env_run_task`` and
 ``engine.swarm.episodes`` drive episodes through the pipeline). Importing it pulls in no torch,

@@ -1,10 +1,13 @@
 """Supervised warm-up through the stage API: maximise the log-prob of reference answers.
 
-The loss is the mean negative log-likelihood of the answer tokens (and EOS) given the
-prompt, so ``dloss/dlogp = -mask / N``; it goes down the stage chain exactly like the RL
-gradient does. Used by ``polis make-base`` to give RL a start whose exact match is
-above zero. It clips the global gradient norm (it only ever runs in one process, where the
-global norm is free); the RL update clips per stage (``engine.rl.update``).
+The loss is the mean negative log-likelihood of the masked target tokens given everything
+before them, so ``dloss/dlogp = -mask / N``; it goes down the stage chain exactly like the RL
+gradient does. Two ways in, one step: digit examples through the task codec (``sft_arrays``:
+answer + EOS trained; ``polis make-base`` gives RL a start whose exact match is above zero),
+and token rows with their own loss mask (``sft_token_arrays``: e.g. the trajectories of tool
+transcripts, only the model's tokens trained; ``engine.rl.tool_warmup``). It clips the global
+gradient norm (it only ever runs in one process, where the global norm is free); the RL update
+clips per stage (``engine.rl.update``).
 
 What it does not know: rewards, advantages, checkpoint files.
 """
@@ -38,10 +41,47 @@ def sft_arrays(examples: Sequence[Example], codec: TaskCodec) -> tuple[np.ndarra
     return inputs, targets, mask
 
 
+def sft_token_arrays(rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+                     pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(inputs, targets, mask)`` ``[B, L]`` of token rows ``(ids, loss_mask)``: target ``t`` is
+    ``ids[t + 1]``, trained where ``loss_mask[t + 1]`` is 1 (a trajectory's model tokens)."""
+    if not rows:
+        raise ValueError("no rows")
+    for ids, m in rows:
+        if len(ids) != len(m) or len(ids) < 2:
+            raise ValueError("every row needs at least 2 ids and one mask entry per id")
+        if m[0]:
+            raise ValueError("the first id of a row has nothing before it and cannot be trained")
+    width = max(len(ids) for ids, _ in rows) - 1
+    inputs = np.full((len(rows), width), pad_id, dtype=np.int64)
+    targets = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=bool)
+    for r, (ids, m) in enumerate(rows):
+        seq = np.asarray(ids, dtype=np.int64)
+        inputs[r, :len(seq) - 1] = seq[:-1]
+        targets[r, :len(seq) - 1] = seq[1:]
+        mask[r, :len(seq) - 1] = np.asarray(m[1:], dtype=bool)
+    if not mask.any():
+        raise ValueError("no row has a trained token")
+    return inputs, targets, mask
+
+
+def sft_nll(pipeline: StagePipeline, inputs: np.ndarray, targets: np.ndarray, mask: np.ndarray) -> float:
+    """The mean NLL of the masked targets (no gradient, no step)."""
+    logp = pipeline.token_logprobs(inputs, targets)
+    return float(-(logp * mask).sum() / float(mask.sum()))
+
+
 def sft_step(pipeline: StagePipeline, examples: Sequence[Example], codec: TaskCodec, *, key: str,
              max_grad_norm: float = 1.0) -> float:
     """One optimiser step on ``examples``; returns the mean answer-token NLL before the step."""
     inputs, targets, mask = sft_arrays(examples, codec)
+    return sft_step_arrays(pipeline, inputs, targets, mask, key=key, max_grad_norm=max_grad_norm)
+
+
+def sft_step_arrays(pipeline: StagePipeline, inputs: np.ndarray, targets: np.ndarray, mask: np.ndarray, *,
+                    key: str, max_grad_norm: float = 1.0) -> float:
+    """One optimiser step on the masked targets; returns their mean NLL before the step."""
     n = float(mask.sum())
     pipeline.zero_grad()
     logp = pipeline.token_logprobs(inputs, targets, key=key)

@@ -8,6 +8,13 @@ stream). Rules:
 
 * a joining trainer takes the stage with the fewest trainers (ties: the lowest
   stage index, so a pipeline is completed front to back);
+* capacity (``speeds``: each serving node's measured decoding steps per second of its stage):
+  once every stage the node can hold has a replica of its kind, and every one of them has a
+  measured speed, it takes the stage of least capacity (the sum of its replicas' speeds) instead:
+  a pipeline runs at its slowest stage's pace, so that is where one more node adds most
+  throughput (a stage of one node at 1/4 speed gets the next node before a stage of two fast
+  ones). The newcomer's own speed is unknown until it reports, so this never leaves a stage
+  without a replica and falls back to the counts while any speed is missing;
 * a joining inference replica takes the stage with the fewest generation-capable
   replicas (trainers and inference replicas together; same tie rule);
 * coverage counts trainers only: a stage served only by inference replicas cannot
@@ -20,12 +27,13 @@ stream). Rules:
 * nodes that cannot hold a stage (``max_layers`` smaller than the stage) are
   never assigned to it.
 
-It knows nothing about networks, weights or time.
+It knows nothing about networks, weights or time (speeds come measured from the caller).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 
 @dataclass
@@ -79,20 +87,30 @@ class Assignment:
         return slot.max_layers is None or slot.max_layers >= self.stage_layers[stage]
 
 
-def assign_new_node(assignment: Assignment, slot: NodeSlot) -> int | None:
+def assign_new_node(assignment: Assignment, slot: NodeSlot,
+                    speeds: Mapping[str, float] | None = None) -> int | None:
     """Add ``slot`` and give it the least-covered stage it can hold; ``None`` if none fits.
 
     Trainers go where trainers are fewest, inference replicas where generation-capable
-    replicas are fewest.
+    replicas are fewest; with every candidate stage served and measured (``speeds``: peer ->
+    decoding steps per second), where their capacity is least (see the module).
     """
     assignment.nodes[slot.peer_id] = slot
     slot.stage = None
-    coverage = assignment.coverage() if slot.is_trainer else assignment.generation_coverage()
+    replicas = assignment.replicas("trainer" if slot.is_trainer else None)
+    coverage = [len(ids) for ids in replicas]
     candidates = [s for s in range(assignment.num_stages) if assignment._fits(slot, s)]
     if not candidates:
         slot.stage = None
         return None
-    slot.stage = min(candidates, key=lambda s: (coverage[s], s))
+    known = speeds or {}
+    measured = speeds is not None and all(coverage[s] > 0 for s in candidates) and \
+        all(known.get(p, 0.0) > 0 for s in candidates for p in replicas[s])
+    if measured:
+        capacity = {s: sum(known[p] for p in replicas[s]) for s in candidates}
+        slot.stage = min(candidates, key=lambda s: (capacity[s], coverage[s], s))
+    else:
+        slot.stage = min(candidates, key=lambda s: (coverage[s], s))
     return slot.stage
 
 

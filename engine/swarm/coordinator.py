@@ -16,7 +16,8 @@ One aiohttp application serves:
   checksums use trainers), load from their stage's leader trainer and follow its
   weight stream (``engine.swarm.stream_book`` keeps the figures);
 * ``/api/stats`` (GET) — JSON for the GUI and ``polis demo``; ``/api/eval`` and
-  ``/api/finish`` (POST, admin token) — ask for an eval / end training.
+  ``/api/finish`` (POST, admin token) — ask for an eval / end training; ``/api/export``
+  (POST, admin token) — plan ``polis export --coordinator`` (``engine.swarm.export_api``).
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
@@ -162,6 +163,7 @@ class Coordinator:
         app.router.add_get("/api/stats", self._stats)
         app.router.add_post("/api/eval", self._admin(self._post_eval))
         app.router.add_post("/api/finish", self._admin(self._post_finish))
+        app.router.add_post("/api/export", self._admin(self._post_export))
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
@@ -327,7 +329,8 @@ class Coordinator:
             slot.stage = preferred
             stage = preferred
         else:
-            stage = assign_new_node(self.assignment, slot)
+            # where it adds most throughput once every stage is served and measured
+            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s())
         if stage is None:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
@@ -430,6 +433,15 @@ class Coordinator:
         self.evals.request(self.book.version)
         return web.json_response({"finished_at_version": self.book.version})
 
+    async def _post_export(self, request: web.Request) -> web.Response:
+        from engine.swarm.export_api import ExportRefused, plan_export
+
+        try:  # the body is capped by client_max_size, then by plan_export
+            plan = await plan_export(self, await request.read())
+        except ExportRefused as exc:
+            return web.json_response({"error": str(exc)[:500]}, status=400)
+        return web.Response(body=msgspec.json.encode(plan), content_type="application/json")
+
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
@@ -451,7 +463,11 @@ class Coordinator:
             "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
                        "version": s.version, "role": s.role,
                        "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
-                       "refused_results": generation.flagged.get(s.peer_id, 0)} for s in self.sessions.values()],
+                       "refused_results": generation.flagged.get(s.peer_id, 0),
+                       "logprob_mismatch": steps.audit.scores[s.peer_id].score if s.peer_id in steps.audit.scores
+                       else None} for s in self.sessions.values()],
+            # per generator: behaviour log-probs vs the proximal pass (engine.swarm.logprob_audit)
+            "logprob_audit": steps.audit.snapshot(),
             "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": self.evals.running,
             "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
@@ -460,6 +476,9 @@ class Coordinator:
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
             # per route: the jobs in flight it gets and why (engine.swarm.inflight)
             "in_flight": generation.pacer.snapshot(self.members.gen_routes(), self.run.generations_in_flight),
+            # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
+            "route_weights": {"generation": generation.weights.snapshot()["generation"],
+                              "training": steps.microbatches.weights.snapshot()["training"]},
             "samples": list(generation.samples), "monitor": self.monitor.figures,
             "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},

@@ -60,6 +60,8 @@ class EpisodeBatch:
     prompts: list[str]  #: train: the group's prompt; eval: one prompt per episode
     episodes: list[EpisodeRun]
     versions: list[list[int] | None]  #: per episode, the oldest version of each stage over its turns
+    #: per episode, the node that sampled its turns (a route's last stage); "" once two nodes did
+    generators: list[str | None] = field(default_factory=list)
     open: int = 0
     failures: list[int] = field(default_factory=list)  #: failed turns per episode
     closed: bool = False
@@ -67,6 +69,7 @@ class EpisodeBatch:
     def __post_init__(self) -> None:
         self.open = len(self.episodes)
         self.failures = [0] * len(self.episodes)
+        self.generators = [None] * len(self.episodes)
 
 
 @dataclass
@@ -117,6 +120,8 @@ class TurnDriver:
         for _, b, i in live:
             old = b.versions[i]
             b.versions[i] = list(versions) if old is None else [min(x, y) for x, y in zip(old, versions)]
+            seen = b.generators[i]
+            b.generators[i] = job.route[-1] if seen in (None, job.route[-1]) else ""
         work = [(b, i, tokens[r], logprobs[r], bool(tokens[r]) and int(tokens[r][-1]) in stop_ids)
                 for r, b, i in live]
         if not any(b.episodes[i].runs_tools for b, i, *_ in work):

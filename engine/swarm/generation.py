@@ -16,7 +16,9 @@ count when a new turn of the job reaches it; a stage that holds another count (i
 expired, or it is not the stage the job ran on) fails the job with ``cache miss`` and the
 coordinator recomputes the prefix. ``gen_release`` frees a kept cache along the whole route;
 kept caches also expire like any untouched job, and the oldest go when more than
-``MAX_KEPT_CACHES`` are kept.
+``MAX_KEPT_CACHES`` are kept. ``gen_release`` with ``cancel`` also stops a job mid-turn (a duplicate
+of it on another route already delivered: the coordinator hedges stragglers); the drop it sends
+along the route tells the last stage to sample no more of it.
 
 Every message is checked before the backend sees it (route, rows, vocabulary);
 a failing job is reported (``job_failed``) instead of killing the node.
@@ -118,22 +120,29 @@ class Generation:
         self._spawn(self._tokens(header), header.job, prefix="polis-tok")
 
     def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.ticket, header.through_last),
-                             f"polis-drop-{header.job}")
+        self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.ticket, header.through_last,
+                                        header.cancel), f"polis-drop-{header.job}")
 
     def on_release(self, msg: GenRelease) -> None:
-        """The coordinator ends a job that kept its caches: free them here and along the route."""
-        if msg.job in self._first or msg.job in self._last:
-            return  # a turn of it is running: the release is late or mistaken; expiry frees it later
+        """The coordinator ends a job that kept its caches, or cancels a running one (``cancel``: a
+        hedge of it won elsewhere): free its caches here and along the route."""
         if msg.route[0] != self.ctx.peer_id:
             log.warning("ignored gen_release of %s: this node is not the first stage of its route", msg.job)
             return
+        running = self._first.get(msg.job)
+        if running is not None and msg.cancel and running.route == msg.route:
+            self._first.pop(msg.job)  # its next tokens find no job here and are dropped
+            self._last.pop(msg.job, None)  # a one-stage swarm samples it here too
+            self._kept_tickets[msg.job] = running.ticket
+        elif msg.job in self._first or msg.job in self._last:
+            return  # a turn of it is running: the release is late or mistaken; expiry frees it later
         ticket = self._kept_tickets.get(msg.job)  # the last turn's ticket: the next stages check it
         self._forget(msg.job)
         self.ctx.compute.submit(self.ctx.stage.rt.drop, msg.job)
         if len(msg.route) > 1:
             self.ctx.tasks.spawn(self.ctx.peers.send(msg.route[1], Drop(job=msg.job, route=msg.route, hop=1,
-                                                                          through_last=True, ticket=ticket)),
+                                                                          through_last=True, ticket=ticket,
+                                                                          cancel=msg.cancel)),
                                  f"polis-release-{msg.job}")
 
     def _spawn(self, coro: Coroutine, job: str, prefix: str = "polis-gen") -> None:
@@ -220,6 +229,10 @@ class Generation:
             return
         tensor, payload = await self._compute(forward_encoded, rt.gen_forward, job, x,
                                               _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding))
+        if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
+            if job not in self._first:
+                ctx.compute.submit(rt.drop, job)
+            return
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket), payload)
@@ -269,7 +282,7 @@ class Generation:
         state.steps += 1
         done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
         if done:
-            del self._last[job]
+            self._last.pop(job, None)  # (a cancelled job is gone already)
             if params.keep_cache:
                 self._keep(job)
             else:
@@ -307,8 +320,10 @@ class Generation:
         await self._advance(job, tokens[:, None])
 
     async def _drop(self, job: str, route: list[str], hop: int, ticket: Ticket | None,
-                    through_last: bool = False) -> None:
-        if job in self._last:
+                    through_last: bool = False, cancel: bool = False) -> None:
+        if cancel:
+            self._last.pop(job, None)  # a cancelled job: this last stage samples no more of it
+        elif job in self._last:
             return  # a new turn of it is running here
         self._forget(job)
         await self.ctx.compute.run(self.ctx.stage.rt.drop, job)

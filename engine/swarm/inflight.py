@@ -70,6 +70,10 @@ class InFlightPacer:
         while len(self._rtt_s) > MAX_PEERS:
             self._rtt_s.pop(next(iter(self._rtt_s)))
 
+    def steps_per_s(self) -> dict[str, float]:
+        """Each reporting node's decoding steps per second of its stage (stage assignment by capacity)."""
+        return {peer: 1.0 / max(s, 1e-6) for peer, s in self._compute_s.items()}
+
     def forget(self, peer: str) -> None:
         self._compute_s.pop(peer, None)
         for key in [k for k in self._rtt_s if peer in k]:

@@ -191,6 +191,9 @@ class GenRelease(WireMessage, frozen=True, tag="gen_release"):
 
     job: JobId  # the job whose caches to free
     route: Route  # the route it ran on (sent to its first stage)
+    # stop the job even while a turn of it runs: a duplicate of it on another route (a hedge of a
+    # straggler) already delivered its result
+    cancel: bool = False
 
 
 class TrainIn(WireMessage, frozen=True, tag="train_in"):
@@ -224,6 +227,10 @@ class Apply(WireMessage, frozen=True, tag="apply"):
     inference: PeerList = []  # the stage's inference replicas, which the leader streams deltas to
     # the trainer the coordinator named to lead the stage (stream to inference replicas); None: nobody
     leader: PeerId | None = None
+    # per replica (in ``replicas``' order), its fraction of the stage's training tokens in this step
+    # (micro-batches follow the routes' measured speed, so slow trainers train fewer rows); the
+    # aggregation weighs contributions by it. Empty: equal shares
+    token_shares: Annotated[list[Fraction], Meta(max_length=MAX_PEERS)] = []
 
 
 class Abort(WireMessage, frozen=True, tag="abort"):
@@ -242,7 +249,17 @@ class Shutdown(WireMessage, frozen=True, tag="shutdown"):
     reason: Reason  # words for the user
 
 
-CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, GenRelease, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown]
+class ExportPermit(WireMessage, frozen=True, tag="export_permit"):
+    """The coordinator lets ``peer`` (an exporter, not a member) ask this stage leader for its full
+    weights (``weights_req``) until ``expires_s``: ``polis export --coordinator`` (``engine.swarm.export_api``)."""
+
+    peer: PeerId  # the exporter's peer id (its signalling identity)
+    stage: StageIndex  # the stage it may fetch
+    expires_s: Annotated[int, Meta(ge=0, le=1 << 40)]  # unix seconds (coordinator clock) it is good until
+
+
+CoordinatorToNode = Union[Challenge, Welcome, Members, Gen, GenRelease, TrainIn, TrainOut, Apply, Abort, Sync, Shutdown,
+                          ExportPermit]
 
 
 # ---------------------------------------------------------------- node -> coordinator
@@ -403,6 +420,7 @@ class Drop(WireMessage, frozen=True, tag="drop"):
     route: Route  # one peer per stage
     hop: Annotated[int, Meta(ge=1, le=MAX_STAGES)]  # index in route of the receiver
     through_last: bool = False  # the last stage frees its cache too (it kept it: gen_release)
+    cancel: bool = False  # the job was cancelled mid-turn (gen_release cancel): stop decoding it here too
     ticket: Ticket | None = None  # the coordinator's ticket for this job and route
 
 

@@ -9,7 +9,10 @@ itself (a route's trainers work through them in turn); the whole pass has one to
 route breaks — a node leaves, reports ``mb_failed``, cannot be reached, or misses the
 micro-batch deadline — is retried on another route (``engine.swarm.route_health`` picks it, and
 counts misses: a trainer that stays silent is evicted after a few, so it costs the run a
-micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. ``last_refused``
+micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. Each route's
+share of a pass's rows follows its measured rows per second (``engine.swarm.route_weights``), so a
+slow trainer gets fewer rows instead of holding the pass; the tokens each trainer trained are
+counted (``take_trained_tokens``) for the step's ``apply``, whose aggregation weighs replicas by them. ``last_refused``
 says whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather
 than because a node left or was late.
 
@@ -29,19 +32,35 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
+from engine.swarm.logprob_audit import route_avoiding
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.route_health import RouteHealth
+from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks
 
 log = logging.getLogger(__name__)
 
 #: tries of one micro-batch (on different routes where there are several) before the pass fails
 MAX_MB_ATTEMPTS = 3
+
+
+def _cuts(rows: int, per_mb: int, avoid: Sequence[str | None] | None) -> list[tuple[int, int]]:
+    """Row ranges of the micro-batches: ``per_mb`` rows at most, and (with ``avoid``) never two
+    different nodes to avoid in one."""
+    cuts, start = [], 0
+    while start < rows:
+        stop = min(rows, start + per_mb)
+        if avoid is not None:
+            stop = next((r for r in range(start + 1, stop) if avoid[r] != avoid[start]), stop)
+        cuts.append((start, stop))
+        start = stop
+    return cuts
 
 
 @dataclass
@@ -61,37 +80,58 @@ class MicrobatchDispatcher:
         self.micro_batch_rows, self.timeout_s = micro_batch_rows, timeout_s
         self.mb_timeout_s = timeout_s if mb_timeout_s is None else min(mb_timeout_s, timeout_s)
         self.health = RouteHealth(links, counters)
+        #: training routes' measured rows per second: each route's share of a pass's rows
+        self.weights = RouteWeights()
+        #: trainer -> tokens of the micro-batches it trained since the last ``take_trained_tokens``
+        self.trained_tokens: Counter[str] = Counter()
         self._in_flight: dict[tuple[int, int, bool], _InFlight] = {}  #: (step, mb, forward only) -> its wait
         #: the last failed pass failed because nodes refused a micro-batch (not lost, not late)
         self.last_refused = False
 
     async def run(self, step: int, batch: TrainBatch, proximal: np.ndarray | None, *,
-                  forward_only: bool = False) -> list[tuple[int, np.ndarray]] | None:
+                  forward_only: bool = False, avoid: Sequence[str | None] | None = None,
+                  ) -> list[tuple[int, np.ndarray, tuple[str, ...]]] | None:
         """Send every micro-batch of ``batch`` and wait for all of them.
 
-        Returns ``[(first_row, log-probs)]`` for a forward-only pass (``[]`` for a training
-        pass) on success, None if the pass failed or ran past its deadline.
+        ``avoid``: per row, a node that should not be the last stage of its route (the log-prob
+        audit keeps a row's generator off the route that checks it; rows with the same one
+        should be contiguous, micro-batches are cut where it changes; see :func:`_cuts`).
+
+        Returns ``[(first_row, log-probs, route that answered)]`` for a forward-only pass (``[]``
+        for a training pass) on success, None if the pass failed or ran past its deadline.
         """
         routes = self.health.routes()
         if not routes:
             return None
         rows = batch.num_rows
-        per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
+        # each route's share of the rows follows its measured rows per second (engine.swarm.route_weights)
+        plan = self.weights.split_rows(routes, rows, self.micro_batch_rows)
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
-        for mb, start in enumerate(range(0, rows, per_mb)):
-            pending[mb] = (batch.rows(start, min(rows, start + per_mb)), 0, start)
+        first_route: dict[int, list[str]] = {}
+        if avoid is None:  # rows split by route speed
+            for mb, (start, stop, route) in enumerate(plan):
+                pending[mb] = (batch.rows(start, stop), 0, start)
+                first_route[mb] = route
+        else:  # the audit's pass: each micro-batch on a route that does not end at its rows' generator
+            per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
+            for mb, (start, stop) in enumerate(_cuts(rows, per_mb, avoid)):
+                pending[mb] = (batch.rows(start, stop), 0, start)
+                first_route[mb] = route_avoiding(routes, avoid[start], mb)[0]
+        route_rows: Counter[tuple[str, ...]] = Counter()  #: rows each route finished in this pass
+        route_span: dict[tuple[str, ...], list[float]] = {}  #: its first dispatch, its last one done
         normaliser = float(max(batch.num_tokens, 1))
         deadline = time.monotonic() + self.timeout_s
-        results: list[tuple[int, np.ndarray]] = []
+        results: list[tuple[int, np.ndarray, tuple[str, ...]]] = []
         self.last_refused = False
 
         async def dispatch(mb: int, micro: TrainBatch, start: int, route: list[str]) -> None:
             # a route's trainers run its micro-batches one after another: the k-th queued there gets k+1 deadlines
-            queued = sum(1 for key, w in self._in_flight.items()
-                         if key[0] == step and key[2] == forward_only and w.route == tuple(route) and not w.future.done())
+            queued = sum(1 for key, w in self._in_flight.items() if key[0] == step and key[2] == forward_only
+                         and w.route == tuple(route) and not w.future.done())
             waiting = _InFlight(tuple(route), asyncio.get_running_loop().create_future(),
                                 due=time.monotonic() + self.mb_timeout_s * (1 + queued))
             self._in_flight[(step, mb, forward_only)] = waiting
+            route_span.setdefault(tuple(route), [time.monotonic()] * 2)
             rows = None
             if proximal is not None:
                 rows = np.round(proximal[start:start + micro.num_rows, :micro.inputs.shape[1]], 6).tolist()
@@ -108,9 +148,9 @@ class MicrobatchDispatcher:
         def waiting_for(mb: int) -> _InFlight:
             return self._in_flight[(step, mb, forward_only)]
 
-        for i, mb in enumerate(sorted(pending)):
+        for mb in sorted(pending):
             micro, _, start = pending[mb]
-            await dispatch(mb, micro, start, routes[i % len(routes)])
+            await dispatch(mb, micro, start, first_route[mb])
         try:
             while pending:
                 now = time.monotonic()
@@ -133,8 +173,13 @@ class MicrobatchDispatcher:
                     micro, attempts, start = pending.pop(mb)
                     if status == "done":
                         self.health.answered(finished.route)
+                        route_rows[finished.route] += micro.num_rows
+                        route_span[finished.route][1] = time.monotonic()
+                        if not forward_only:
+                            for peer in finished.route:
+                                self.trained_tokens[peer] += micro.num_tokens
                         if forward_only:
-                            results.append((start, detail))
+                            results.append((start, detail, finished.route))
                         continue
                     if status == "late":
                         cleared = finished.route[-1:] if finished.loss_reported else ()
@@ -142,19 +187,26 @@ class MicrobatchDispatcher:
                     retries.append((mb, micro, attempts, start, finished.route, status, detail))
                 for mb, micro, attempts, start, missed, status, detail in retries:
                     self.counters["retried_microbatches"] += 1
-                    route = self.health.retry_route(missed, mb + attempts + 1)
-                    if attempts + 1 >= MAX_MB_ATTEMPTS or route is None:
+                    retry = self.health.retry_route(missed, mb + attempts + 1)
+                    if attempts + 1 >= MAX_MB_ATTEMPTS or retry is None:
                         self.last_refused = status == "refused"
                         log.warning("micro-batch %d of step %d failed for good: %s", mb, step, detail)
                         return None
                     log.info("micro-batch %d of step %d failed on %s (%s); retrying on %s", mb, step,
-                             list(missed), detail, route)
+                             list(missed), detail, retry)
                     pending[mb] = (micro, attempts + 1, start)
-                    await dispatch(mb, micro, start, route)
+                    await dispatch(mb, micro, start, retry)
+            for trained, done_rows in route_rows.items():
+                self.weights.train_done(trained, done_rows, route_span[trained][1] - route_span[trained][0])
             return results
         finally:
             for key in [k for k in self._in_flight if k[0] == step and k[2] == forward_only]:
                 del self._in_flight[key]
+
+    def take_trained_tokens(self) -> Counter[str]:
+        """Tokens each trainer trained in the passes since the last call (the step's shares)."""
+        taken, self.trained_tokens = self.trained_tokens, Counter()
+        return taken
 
     # ------------------------------------------------------------------ node reports
     def _waiting(self, step: int, mb: int, forward_only: bool) -> _InFlight | None:

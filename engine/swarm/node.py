@@ -21,6 +21,8 @@ keyed by its type. The collaborators share a
 * ``engine.swarm.replica_step`` - gradient shares, the optimiser step, weights between replicas;
 * ``engine.swarm.weight_stream_leader`` / ``engine.swarm.inference_replica`` - the weight stream;
 * ``engine.swarm.node_status`` - reports to the coordinator, events to the supervisor.
+* ``engine.swarm.export_permits`` - exporters the coordinator lets fetch our stage's full weights
+  (``polis export --coordinator``: a link from them is accepted, ``weights_req`` answered, no stream).
 
 Threads: everything here lives on the asyncio loop; the stage lives on a
 :class:`~engine.swarm.compute_thread.ComputeThread` and is only touched there.
@@ -45,6 +47,7 @@ from engine.net.identity import Identity, split_pinned_url
 from engine.swarm import messages
 from engine.swarm.compute_thread import ComputeThread
 from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
+from engine.swarm.export_permits import ExportPermits
 from engine.swarm.generation import Generation
 from engine.swarm.inference_replica import TRAINING_MESSAGES, InferenceReplica
 from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
@@ -138,9 +141,12 @@ class Node:
         self.session: CoordinatorSession | None = None
         ctx = self.ctx = NodeContext(peer_id=identity.peer_id, role=self.role, compute=self.compute,
                                      peers=peers, coordinator=coordinator)
+        #: exporters (``polis export --coordinator``) the coordinator let fetch our stage's weights
+        self.export_permits = ExportPermits()
         if peers is None:
             self.links = ctx.peers = PeerLinks(identity, ctx.tasks, self.on_peer,
-                                               accept_peer=ctx.membership.is_member,
+                                               accept_peer=lambda p: (ctx.membership.is_member(p)
+                                                                      or self.export_permits.allows(p)),
                                                upload_mbps=config.upload_mbps, download_mbps=config.download_mbps,
                                                sdp_filter=_wan_filter(config))
         self.generation = Generation(ctx)
@@ -174,6 +180,7 @@ class Node:
             messages.Sync: self.replicas.on_sync,
             messages.Welcome: self._on_reassign,
             messages.Shutdown: self._on_shutdown,
+            messages.ExportPermit: self.export_permits.grant,
         }
         self._peer_handlers: dict[type, Callable[[str, Any, bytes], None]] = {
             messages.Act: self._on_act,
@@ -397,8 +404,11 @@ class Node:
         self.training.on_grad(sender, header, grad)
 
     def _on_weights_req(self, sender: str, header: messages.WeightsReq, payload: bytes) -> None:
-        if header.stage != self.ctx.stage.spec.stage_index or sender not in self.ctx.stage_members():
+        exporter = sender not in self.ctx.stage_members() and self.export_permits.allows(sender, header.stage)
+        if header.stage != self.ctx.stage.spec.stage_index or not (exporter or sender in self.ctx.stage_members()):
             raise ProtocolViolation(f"weights of stage {header.stage} asked by {sender}, not a replica of ours")
+        if exporter and (header.stream or header.outer_state):
+            raise ProtocolViolation(f"exporter {sender} asked for a weight stream or optimiser state")
         if header.stream:
             self.leader.on_stream_request(sender, header, payload)
         else:

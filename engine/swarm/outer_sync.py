@@ -101,9 +101,10 @@ def split_momentum(tensors: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndar
     return weights, momentum
 
 
-def scale_grads(grads: Mapping[str, np.ndarray], replicas: int) -> dict[str, np.ndarray]:
+def scale_grads(grads: Mapping[str, np.ndarray], replicas: float) -> dict[str, np.ndarray]:
     """An inner step's gradient: this replica's share of the step (token-normalised over the
-    whole step) times the number of replicas, an unbiased estimate of the step's gradient."""
-    factor = np.float32(max(1, int(replicas)))
+    whole step) times the number of replicas (or 1 / its token share, where the shares were
+    unequal), an unbiased estimate of the step's gradient."""
+    factor = np.float32(max(1.0, float(replicas)))
     return {n: np.asarray(g, dtype=np.float32) * factor for n, g in grads.items()}
 

@@ -1,16 +1,16 @@
 """The optimiser step of a stage and everything between its replicas: shares, weights, resync.
 
-On ``apply`` (from the coordinator, naming the stage's trainers) each trainer
-compresses its accumulated gradient (``engine.swarm.replica_sync``), sends it to
-the other trainers (``share``), waits for theirs up to ``share_timeout_s`` (a
-replica that left the stage is not waited for), aggregates identically to every
-other replica; the first and the last stage of a tied-embedding model then sum their
-gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
-applies, optionally writes the stage checkpoint, and reports ``stepped`` with a digest of
-its full weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica
-that joins or was outvoted asks another for full weights (``weights_req`` / ``weights``;
-``sync`` from the coordinator names the source, the version and the majority's digest, and
-weights that do not match are refused: a strike and ``weights_refused``, nothing installed).
+On ``apply`` (from the coordinator, naming the stage's trainers) each trainer compresses its
+accumulated gradient (``engine.swarm.replica_sync``), sends it to the other trainers (``share``),
+waits for theirs up to ``share_timeout_s`` (a replica that left the stage is not waited for),
+aggregates identically to every other replica (weighted by each replica's token share when
+``apply`` names unequal ones); the first and the last stage of a tied-embedding model then sum
+their gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
+applies, optionally writes the stage checkpoint, and reports ``stepped`` with a digest of its full
+weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica that joins or
+was outvoted asks another for full weights (``weights_req`` / ``weights``; ``sync`` from the
+coordinator names the source, the version and the majority's digest, and weights that do not match
+are refused: a strike and ``weights_refused``, nothing installed).
 
 With ``replica_sync.mode = "diloco"`` a trainer steps on its own gradient (no share) and,
 at versions that are multiples of ``inner_steps``, right after that inner step, sends its
@@ -34,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ log = logging.getLogger(__name__)
 MAX_SHARE_STEPS = 4
 #: how long a replica waits for full weights from another
 WEIGHTS_TIMEOUT_S = 60.0
+
+
+def token_shares(msg: Apply) -> dict[str, float] | None:
+    """Each replica's fraction of the step's tokens from ``apply`` (None: equal, or not usable)."""
+    shares = msg.token_shares
+    if len(shares) != len(msg.replicas) or abs(sum(shares) - 1.0) > 1e-3:
+        return None
+    return dict(zip(msg.replicas, shares))
 
 
 class ReplicaStep:
@@ -122,14 +131,16 @@ class ReplicaStep:
         dense = dense_nbytes(grads)
         update_bytes = 0
         diloco = self._diloco
+        shares = token_shares(msg)
         if diloco:
             if self._outer is None:  # the weights before this step are the anchor
                 self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, await ctx.compute.run(rt.state_dict))
-            agg = await ctx.compute.run(scale_grads, grads, len(msg.replicas))  # an inner step, alone
+            own_share = (shares or {}).get(ctx.peer_id)
+            agg = await ctx.compute.run(scale_grads, grads, 1 / own_share if own_share else len(msg.replicas))
         elif others:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
             contributions, update_bytes = await self._exchange(step, encoded, own, others, "gradient")
-            agg = await ctx.compute.run(aggregate, contributions)
+            agg = await ctx.compute.run(partial(aggregate, shares=shares), contributions)
         else:
             agg = grads
         tied = await self.tied.combine(step, agg)  # None: nothing shared with another stage

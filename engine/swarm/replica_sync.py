@@ -87,7 +87,8 @@ class ReplicaCompressor:
 
 
 def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_factor: float = 2.0,
-              centre_factor: float = 1.0, robust_from: int = 3) -> dict[str, np.ndarray]:
+              centre_factor: float = 1.0, robust_from: int = 3,
+              shares: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """The step's gradient from ``{peer_id: {name: grad}}``, robust to a minority of bad replicas.
 
     In float64, in peer-id order (every replica computes the same bytes):
@@ -100,6 +101,14 @@ def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_fac
        contribution's deviation is clipped to ``centre_factor`` times the median deviation, and the
        step is the mean of the clipped contributions times the number of replicas (the sum an
        all-honest stage would give); with fewer it is the plain sum of the clipped ones.
+
+    ``shares`` (the coordinator's ``apply``: each replica's fraction of the step's tokens, when the
+    micro-batches were shared unequally, slow trainers getting fewer rows) makes it the weighted rule:
+    each contribution is divided by its share first (an estimate of the whole step's gradient, so
+    replicas with unequal rows are compared like with like in 2. and 3.), and the step is the
+    share-weighted sum of the clipped estimates (3.: the centre plus the share-weighted mean of the
+    clipped deviations). Honest replicas, nothing clipped: exactly the plain sum. A replica with no
+    share (it trained nothing) is left out. Without ``shares`` every replica weighs the same.
 
     Every contribution must hold the same names. Returns fp32 arrays; an aggregate past the fp32
     range (colluders sending 3e38 each) comes back as inf, and no usable contribution at all as
@@ -114,8 +123,13 @@ def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_fac
             raise ValueError(f"replica {peer} sent a different set of tensors")
     shapes = {name: np.shape(contributions[peers[0]][name]) for name in names}
     good = [p for p in peers if all(np.isfinite(contributions[p][n]).all() for n in names)]
+    if shares is not None:
+        good = [p for p in good if shares.get(p, 0.0) > 0]
     if not good:
         return {name: np.full(shapes[name], np.nan, dtype=np.float32) for name in names}
+    if shares is not None:
+        return _weighted(contributions, good, names, shapes, {p: float(shares[p]) for p in good},
+                         clip_factor, centre_factor, robust_from)
     as64 = {p: {n: np.asarray(contributions[p][n], dtype=np.float64) for n in names} for p in good}
     norms = {p: global_norm(as64[p]) for p in good}
     robust = len(good) >= robust_from
@@ -139,6 +153,37 @@ def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_fac
         for p in good:
             moved += pull[p] * (scale[p] * as64[p][name] - centre[name])
         out[name] = _to_fp32(len(peers) * (centre[name] + moved / len(good)))
+    return out
+
+
+def _weighted(contributions: Mapping[str, Mapping[str, np.ndarray]], good: list[str], names: list[str],
+              shapes: dict, shares: dict[str, float], clip_factor: float, centre_factor: float,
+              robust_from: int) -> dict[str, np.ndarray]:
+    """:func:`aggregate` with unequal shares (see there): clip the per-share estimates, weigh by share."""
+    est = {p: {n: np.asarray(contributions[p][n], dtype=np.float64) / shares[p] for n in names} for p in good}
+    norms = {p: global_norm(est[p]) for p in good}
+    robust = len(good) >= robust_from
+    cap = clip_factor * (float(np.median(list(norms.values()))) if robust else min(norms.values()))
+    scale = {p: cap / norms[p] if norms[p] > cap else 1.0 for p in good}
+    out: dict[str, np.ndarray] = {}
+    if not robust:
+        for name in names:
+            total = np.zeros(shapes[name], dtype=np.float64)
+            for p in good:
+                total += shares[p] * scale[p] * est[p][name]
+            out[name] = _to_fp32(total)
+        return out
+    centre = {n: np.median(np.stack([scale[p] * est[p][n] for p in good]), axis=0) for n in names}
+    deviation = {p: float(np.sqrt(sum(float(np.square(scale[p] * est[p][n] - centre[n]).sum()) for n in names)))
+                 for p in good}
+    tau = centre_factor * float(np.median(list(deviation.values())))
+    pull = {p: tau / deviation[p] if deviation[p] > tau else 1.0 for p in good}
+    weight = sum(shares.values())
+    for name in names:
+        moved = np.zeros(shapes[name], dtype=np.float64)
+        for p in good:
+            moved += shares[p] * pull[p] * (scale[p] * est[p][name] - centre[name])
+        out[name] = _to_fp32(centre[name] + moved / weight)
     return out
 
 

@@ -4,12 +4,13 @@ A micro-batch that runs past its deadline is a *miss* for every trainer on its r
 coordinator cannot see which hop stayed silent. A trainer is cleared (its misses reset) by any
 micro-batch it completes, and the last stage of a route is cleared for a late micro-batch whose
 loss it did report. A trainer with ``max_misses`` misses in a row is evicted
-(``NodeLinks.evict``). An honest trainer that shared a route with a silent one is cleared on
-its next route, because :meth:`RouteHealth.routes` pairs each suspect (a trainer with misses)
-with clean trainers of the other stages: with no suspects the routes are exactly
-``NodeLinks.routes()`` (route r takes replica r of every stage), and each suspect shifts the
-suspects of the later stages onto other routes. A retried micro-batch goes to the route that
-shares the fewest trainers with the one that missed.
+(``NodeLinks.evict``, through :meth:`RouteHealth.evict`, which the log-prob audit uses too). An
+honest trainer that shared a route with a silent one is cleared on its next route, because
+:meth:`RouteHealth.routes` pairs each suspect (a trainer with misses) with clean trainers of the
+other stages: with no suspects the routes are exactly ``NodeLinks.routes()`` (route r takes
+replica r of every stage), and each suspect shifts the suspects of the later stages onto other
+routes. A retried micro-batch goes to the route that shares the fewest trainers with the one
+that missed.
 
 What it does not know: micro-batches' contents, steps, websockets, why a trainer is silent.
 """
@@ -87,9 +88,13 @@ class RouteHealth:
             if self.misses[peer] >= self.max_misses:
                 evicted.append(peer)
         for peer in evicted:
-            del self.misses[peer]
             self.counters["evicted_trainers"] += 1
-            log.warning("evicting trainer %s: %d deadlines in a row passed without its answer (last: %s)", peer,
-                        self.max_misses, why)
-            self.links.evict(peer, f"missed {self.max_misses} deadlines in a row (last: {why})")
+            self.evict(peer, f"missed {self.max_misses} deadlines in a row (last: {why})")
         return evicted
+
+    def evict(self, peer: str, why: str) -> None:
+        """The one way a node leaves the routes for misbehaving: missed deadlines here, or gross
+        log-prob mismatch (``engine.swarm.logprob_audit``)."""
+        self.misses.pop(peer, None)
+        log.warning("evicting %s: %s", peer, why)
+        self.links.evict(peer, why)

@@ -4,7 +4,9 @@
 samples) on every complete generation route (any replica of each stage: trainers and inference
 replicas), as many as the route needs to hide its latency (``engine.swarm.inflight``: Little's
 law over the nodes' measured link RTTs and compute per step, at most ``generations_in_flight``),
-while the replay buffer is not full, eval jobs first
+while the replay buffer is not full, each next job to the route that would finish it soonest by
+its measured throughput (``engine.swarm.route_weights``: a route through a 4x slower node takes
+about a quarter of the jobs when the buffer bounds them), eval jobs first
 (``engine.swarm.eval_scheduler`` says which). Results are checked first (``engine.swarm.rollout_checks``: ids in the
 vocabulary, cut at the first stop id, log-probs <= 0, no version from the future; a refused
 result flags its generator and its prompts are queued again). Rewards are computed here from the returned
@@ -17,6 +19,11 @@ episodes have ended, with its loss mask (model ids 1, observation ids 0). Each r
 the oldest version every stage served it with over its turns; staleness is counted from those
 when it is trained (``engine.swarm.step_runner``).
 
+A first-turn job far past its route's expected time is *hedged*: duplicated (same rows, same
+seed) on the fastest other route. The first checked result wins; the other job leaves the books
+at once (a late result of it is an unexpected result, never scored twice) and its route is told
+to stop (``gen_release`` with ``cancel``). A hedged job that fails leaves its twin to carry the rows.
+
 A job whose route loses a node, times out or comes back malformed is failed and its prompts
 are queued again. It reaches nodes only through ``NodeLinks.send`` and never sees
 activations or weights. What it does not know: training steps, websockets.
@@ -24,6 +31,7 @@ activations or weights. What it does not know: training steps, websockets.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -39,6 +47,7 @@ from engine.swarm.episodes import EpisodeBatch, TurnDriver, TurnJob, batch_rewar
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.inflight import InFlightPacer
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
+from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
 from engine.swarm.store import Store
@@ -88,6 +97,11 @@ class GenerationScheduler:
         self.jobs: dict[str, TurnJob] = {}
         #: jobs in flight per route, from the nodes' measured RTTs and compute (fed by their reports)
         self.pacer = InFlightPacer()
+        #: each route's measured throughput: which route gets the next job, which job is a straggler
+        self.weights = RouteWeights()
+        #: hedged jobs, both ways: job id -> the id of its duplicate on another route
+        self._twins: dict[str, str] = {}
+        self._cancels: set[asyncio.Task] = set()  #: cancels of hedges that lost, on their way
         self.received_rollouts = 0
         #: rollouts per peer that was on the route of their first turn (every stage counts)
         self.scored_by_peer: Counter[str] = Counter()
@@ -102,22 +116,65 @@ class GenerationScheduler:
         return f"{kind[0]}{next(self._job_ids)}"
 
     async def fill(self) -> None:
-        """Dispatch generation (eval first) up to the in-flight budget of every route."""
+        """Dispatch generation (eval first) up to the in-flight budget of every route, each next job
+        to the route that would finish it soonest (``engine.swarm.route_weights``), then hedge stragglers."""
         routes = self.links.gen_routes()
         if not routes:
             return
         load = Counter(tuple(j.route) for j in self.jobs.values())
-        # least-loaded routes first, so that when the buffer is nearly full no route starves
-        for route in sorted(routes, key=lambda r: load[tuple(r)]):
-            limit = self.pacer.limit(route, self.run.generations_in_flight)
-            while load[tuple(route)] < limit:
-                message = self._next_job(route)
-                if message is None:
-                    break
-                load[tuple(route)] += 1
-                if not await self.links.send(route[0], message):
-                    self._fail_job(message.job, "first stage unreachable")
-                    break
+        limits = {tuple(r): self.pacer.limit(r, self.run.generations_in_flight) for r in routes}
+        while (route := self.weights.pick_gen_route(routes, load, limits)) is not None:
+            message = self._next_job(route)
+            if message is None:
+                break
+            load[tuple(route)] += 1
+            self.weights.gen_started(message.job, route, load[tuple(route)])
+            if not await self.links.send(route[0], message):
+                self._fail_job(message.job, "first stage unreachable")
+                limits[tuple(route)] = 0  # not again in this fill
+        await self._hedge(routes, load)
+
+    async def _hedge(self, routes: list[list[str]], load: Counter) -> None:
+        """Duplicate each straggling first-turn job on the fastest other route; the first result
+        wins (``on_gen_done``), the other is cancelled and never reaches the buffer."""
+        now = time.monotonic()
+        for job in [j for j in self.jobs.values() if j.job not in self._twins and j.turn == 0 and not j.keep
+                    and self.weights.is_straggler(j.route, now - j.dispatched)]:
+            route = self.weights.hedge_route(job.route, routes)
+            if route is None:
+                return
+            twin = TurnJob(self._next_job_id(job.kind), route, job.kind, job.rows, prompts=job.prompts)
+            self.jobs[twin.job] = twin
+            self._twins[job.job], self._twins[twin.job] = twin.job, job.job
+            load[tuple(route)] += 1
+            self.weights.gen_started(twin.job, route, load[tuple(route)])
+            self.book.counters["hedged_jobs"] += 1
+            log.info("job %s on %s is a straggler (%.1f s); hedged as %s on %s", job.job, job.route,
+                     now - job.dispatched, twin.job, route)
+            ids = [list(b.episodes[i].context_ids) for b, i in job.rows]
+            budget = min(b.episodes[i].budget for b, i in job.rows)
+            # the original job's seed: the duplicate samples the same rollout wherever numerics agree
+            message = messages.Gen(job=twin.job, route=route, prompt_ids=ids,
+                                   params=self._params(job.kind, job.job, budget))
+            if not await self.links.send(route[0], message):
+                self._fail_job(twin.job, "first stage unreachable")
+
+    def _cancel_twin(self, job_id: str) -> None:
+        """``job_id``'s result won: its twin leaves the books and its route stops decoding it."""
+        twin_id = self._twins.pop(job_id, None)
+        if twin_id is None:
+            return
+        self._twins.pop(twin_id, None)
+        twin = self.jobs.pop(twin_id, None)
+        self.weights.gen_abandoned(twin_id)
+        if twin is None:
+            return
+        self.book.counters["hedges_cancelled"] += 1
+        message = messages.GenRelease(job=twin.job, route=twin.route, cancel=True)
+        task = asyncio.get_running_loop().create_task(self.links.send(twin.route[0], message),
+                                                      name=f"polis-coord-cancel-{twin.job}")
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
         """Sampling settings of a job's turn (evals decode greedily over exact activations); the seed
@@ -191,6 +248,8 @@ class GenerationScheduler:
             self._fail_job(job.job, f"refused: {exc}")
             return
         del self.jobs[job.job]
+        self.weights.gen_finished(job.job, sum(len(t) for t in checked.tokens))
+        self._cancel_twin(job.job)
         m = messages.GenDone(job=m.job, tokens=checked.tokens, logprobs=checked.logprobs, versions=checked.versions)
         counters = self.book.counters  # wall time from dispatch to the last token, per kind of job
         counters[f"{job.kind}_job_seconds"] += time.monotonic() - job.dispatched
@@ -212,8 +271,9 @@ class GenerationScheduler:
         rewards = batch_rewards(b)
         adv, _ = self.rules.advantages(rewards[None, :])
         rows = [dict(group_id=b.key, prompt=b.prompts[0], tokens=o.completion_ids, behaviour_logprobs=o.logprobs,
-                     loss_mask=o.loss_mask, versions=v, min_version=min(v), reward=float(r), advantage=float(a))
-                for o, v, r, a in zip(outcomes, versions, rewards, adv[0])]  # type: ignore[union-attr]
+                     loss_mask=o.loss_mask, versions=v, min_version=min(v), reward=float(r), advantage=float(a),
+                     generator=gen or None)  # the log-prob audit (engine.swarm.logprob_audit) checks it
+                for o, v, r, a, gen in zip(outcomes, versions, rewards, adv[0], b.generators)]  # type: ignore[union-attr]
         self.store.add_rollouts(rows)
         self.received_rollouts += len(rows)
         self.outcomes.extend(outcomes)
@@ -238,6 +298,14 @@ class GenerationScheduler:
             self._fail_job(job_id, reason)
 
     def _fail_job(self, job_id: str, reason: str) -> None:
+        self.weights.gen_abandoned(job_id)
+        twin_id = self._twins.pop(job_id, None)
+        if twin_id is not None:  # a hedged job: its twin still runs and carries the rows alone
+            self._twins.pop(twin_id, None)
+            self.jobs.pop(job_id, None)
+            self.book.counters["failed_jobs"] += 1
+            log.info("job %s failed (%s); its hedge %s carries on", job_id, reason, twin_id)
+            return
         if self.turns.on_failed(job_id, reason):
             return  # a continuation: retried (or its batch given up) by the turn driver
         job = self.jobs.pop(job_id, None)
@@ -261,3 +329,5 @@ class GenerationScheduler:
         cutoff = time.monotonic() - self.job_timeout_s
         for job_id in [j for j, job in self.jobs.items() if job.dispatched < cutoff]:
             self._fail_job(job_id, "timed out")
+        for job_id in [j for j in self._twins if j not in self.jobs and self._twins[j] not in self.jobs]:
+            del self._twins[job_id]  # both gone another way (their batch given up)

@@ -8,7 +8,9 @@
    trainer's too): advantages with ``std_eps``, zero-variance groups skipped (and dropped from
    the buffer), the rest cut into mini-batches of whole groups;
 3. with more than one mini-batch, one forward-only pass over all of them first records the
-   proximal log-probs (the weights at the start of the batch);
+   proximal log-probs (the weights at the start of the batch), each generator's rows on a route
+   whose last stage is another node, and audits every generator's behaviour log-probs against
+   them (``engine.swarm.logprob_audit``: gross mismatch is not trained on, repeated, evicts);
 4. per mini-batch: its micro-batches go through the training routes
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
@@ -39,6 +41,7 @@ from engine.rl.run_task import RunTask
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.logprob_audit import LogprobAudit, mismatch_by_generator, row_generators, take_rows
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
@@ -57,6 +60,8 @@ class StepRunner:
         self.step_timeout_s = step_timeout_s
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
                                                  timeout_s=step_timeout_s, mb_timeout_s=run.microbatch_timeout_s)
+        #: generators' behaviour log-probs checked against the proximal pass (engine.swarm.logprob_audit)
+        self.audit = LogprobAudit(self.microbatches.health.evict, book.counters)
         #: staleness (versions) of every group that left the buffer: trained, dropped stale or idle
         #: kept in the store at every step, so a restarted coordinator and `polis export` see it whole
         saved_hist = store.get_meta("staleness_histogram", {}) or {}
@@ -76,8 +81,8 @@ class StepRunner:
         self._failed_once: set[int] = set()
 
     # ------------------------------------------------------------------ batches
-    def take_groups(self) -> tuple[list[Group], list[list[int]]] | None:
-        """The oldest ``prompts_per_step`` complete fresh groups and their rollout ids, or None."""
+    def take_groups(self) -> tuple[list[Group], list[list[int]], list[list[str | None]]] | None:
+        """The oldest ``prompts_per_step`` complete fresh groups, their rollout ids and generators, or None."""
         version = self.book.version
         dropped = self.store.drop_stale(self.rules.oldest_fresh_version(version))
         for min_version in dropped.values():
@@ -92,7 +97,7 @@ class StepRunner:
         complete = [g for g in by_group.values() if len(g) == self.run.group_size][: self.run.prompts_per_step]
         if len(complete) < self.run.prompts_per_step:
             return None
-        groups, ids, stops = [], [], set(self.task.stop_ids)
+        groups, ids, generators, stops = [], [], [], set(self.task.stop_ids)
         for rollouts in complete:
             group = Group(prompt=rollouts[0].prompt,
                           prompt_ids=np.asarray(self.task.prompt_ids(rollouts[0].prompt), dtype=np.int64))
@@ -104,7 +109,8 @@ class StepRunner:
                                             loss_mask=r.loss_mask))
             groups.append(group)
             ids.append([r.id for r in rollouts])
-        return groups, ids
+            generators.append([r.generator for r in rollouts])
+        return groups, ids, generators
 
     def plan(self, groups: list[Group], ids: list[list[int]], num_stages: int) -> UpdatePlan:
         """The planner's batch; groups it leaves out (stale, no signal) leave the buffer now."""
@@ -132,7 +138,7 @@ class StepRunner:
         taken = self.take_groups()
         if taken is None:
             return False
-        groups, ids = taken
+        groups, ids, generators = taken
         plan = self.plan(groups, ids, len(routes[0]))
         if not plan.minibatches:
             return False
@@ -140,7 +146,9 @@ class StepRunner:
         started = time.monotonic()
         proximal: Sequence[np.ndarray | None] = [None] * len(plan.minibatches)
         if len(plan.minibatches) > 1:
-            stacked = await self._proximal_pass(self.book.version, plan.minibatches)
+            stacked = await self._proximal_pass(
+                self.book.version, plan.minibatches,
+                row_generators(plan.minibatches, plan.minibatch_groups, groups, generators))
             if stacked is None:
                 return await self._abort(self.book.version, trained_ids)
             proximal = stacked
@@ -186,6 +194,7 @@ class StepRunner:
             if len(self._failed_once) > 65536:  # bounded: ids that left the buffer otherwise linger
                 self._failed_once.clear()
             log.warning("step %d did not complete; its %d rollouts stay in the buffer", step, len(rollout_ids))
+        self.microbatches.take_trained_tokens()  # nothing of the aborted step is applied
         for replicas in self.links.stage_replicas():
             for peer in replicas:
                 await self.links.send(peer, messages.Abort(step=step))
@@ -211,16 +220,47 @@ class StepRunner:
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
         self.step_log.append(entry)
 
-    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch]) -> list[np.ndarray] | None:
-        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass)."""
+    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch],
+                             generators: list[list[str | None]]) -> list[np.ndarray] | None:
+        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass).
+
+        Each generator's rows run on a route whose last stage is another node where one exists
+        (rows are grouped by generator for that, then put back), and its behaviour log-probs are
+        audited against them: rows of a generator that mismatch grossly are masked out of
+        ``minibatches`` (not trained on), and repeated gross mismatch evicts it.
+        """
         stacked, offsets = stack_batches(minibatches, self.task.pad_id)
-        results = await self.microbatches.run(step, stacked, None, forward_only=True)
+        gens = [g for rows in generators for g in rows]
+        order = np.array(sorted(range(len(gens)), key=lambda r: (gens[r] is None, gens[r] or "")), dtype=np.int64)
+        grouped = take_rows(stacked, order)
+        grouped_gens = [gens[r] for r in order]
+        results = await self.microbatches.run(step, grouped, None, forward_only=True, avoid=grouped_gens)
         if results is None:
             return None
         proximal = np.zeros(stacked.mask.shape, dtype=np.float32)
-        for start, logp in results:
-            proximal[start:start + logp.shape[0], :logp.shape[1]] = logp
+        checked = np.zeros(len(gens), dtype=bool)
+        for start, logp, route in results:
+            rows = order[start:start + logp.shape[0]]
+            proximal[rows, :logp.shape[1]] = logp
+            checked[rows] = [gens[r] is not None and route[-1] != gens[r] for r in rows]
+        self._audit(stacked, proximal, gens, checked, minibatches, offsets)
         return [proximal[offsets[m]:offsets[m + 1], :b.inputs.shape[1]] for m, b in enumerate(minibatches)]
+
+    def _audit(self, stacked: TrainBatch, proximal: np.ndarray, gens: list[str | None], checked: np.ndarray,
+               minibatches: list[TrainBatch], offsets: list[int]) -> None:
+        unchecked = sum(1 for r, g in enumerate(gens) if g is not None and not checked[r])
+        if unchecked:
+            self.book.counters["unaudited_rows"] += unchecked
+            log.info("%d rows' log-probs could not be checked on a route ending at another node than their "
+                     "generator (one replica of the last stage?)", unchecked)
+        gross = self.audit.record(mismatch_by_generator(stacked.behaviour, proximal, stacked.mask, gens, checked))
+        if not gross:
+            return
+        for m, batch in enumerate(minibatches):
+            for r in range(batch.num_rows):
+                if gens[offsets[m] + r] in gross and batch.mask[r].any():
+                    batch.mask[r] = False  # not trained on: its behaviour log-probs are not the policy's
+                    self.book.counters["audit_dropped_rows"] += 1
 
     # ------------------------------------------------------------------ optimiser step
     async def _apply(self, step: int) -> bool:
@@ -229,11 +269,15 @@ class StepRunner:
         expected: set[str] = set()
         inference = self.links.inference_replicas()
         self.book.begin_apply(version)
+        trained = self.microbatches.take_trained_tokens()
         for stage, replicas in enumerate(self.links.stage_replicas()):
             leader = self.links.leader(stage)  # named by the weight votes: checkpoints, streams to inference
+            total = sum(trained[p] for p in replicas)
+            # the replicas' shares of the step's tokens (micro-batches follow the routes' speed)
+            shares = [trained[p] / total for p in replicas] if total and len(replicas) > 1 else []
             for peer in replicas:
                 apply = messages.Apply(step=step, version=version, replicas=replicas, leader=leader,
-                                       checkpoint=checkpoint and peer == leader,
+                                       checkpoint=checkpoint and peer == leader, token_shares=shares,
                                        inference=inference[stage] if stage < len(inference) else [])
                 if await self.links.send(peer, apply):
                     expected.add(peer)
@@ -277,7 +321,8 @@ class StepRunner:
                     self.checkpoint_versions[stage] = m.version
                     self.store.set_meta("stage_checkpoints", self.checkpoints)
                     self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
-            if len(seen) >= 2 and agree:
+            # a lone replica's digest is recorded too: `polis export --coordinator` checks fetched weights by it
+            if agree and (len(seen) >= 2 or any(m.weights_hash for _, m in seen)):
                 await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
 
     def checkpoint_of(self, stage: int, version: int) -> str | None:

@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT NULL, prompt TEXT NOT NULL,
     tokens TEXT NOT NULL, behaviour_logprobs BLOB NOT NULL, versions TEXT NOT NULL,
     min_version INTEGER NOT NULL, reward REAL NOT NULL, advantage REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'ready', created_at REAL NOT NULL, loss_mask BLOB);
+    state TEXT NOT NULL DEFAULT 'ready', created_at REAL NOT NULL, loss_mask BLOB, generator TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts(state, min_version);
 CREATE TABLE IF NOT EXISTS versions (
     version INTEGER PRIMARY KEY, created_at REAL NOT NULL, reward_mean REAL,
@@ -122,6 +122,8 @@ class StoredRollout:
     advantage: float
     #: 1 on the model's own tokens (trained), 0 on context (tool, observation, template) ids; None: all 1
     loss_mask: np.ndarray | None = None
+    #: peer id of the node that sampled it (its route's last stage); None: unknown or several
+    generator: str | None = None
 
 
 def _mask_blob(mask: Any, tokens: int) -> bytes | None:
@@ -155,6 +157,8 @@ class Store:
             self._db.execute("ALTER TABLE evals ADD COLUMN content REAL")  # before chat tasks: additive too
         if "loss_mask" not in {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN loss_mask BLOB")  # before multi-turn episodes
+        if "generator" not in {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}:
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN generator TEXT")  # before log-prob audits
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -291,7 +295,8 @@ class Store:
     @_writes
     def add_rollouts(self, rollouts: Iterable[dict[str, Any]]) -> list[int]:
         """Insert scored samples (state 'ready'); each dict has the fields of
-        :class:`StoredRollout` but ``id`` (``loss_mask`` optional: without it every token is the model's)."""
+        :class:`StoredRollout` but ``id`` (``loss_mask`` optional: without it every token is the model's;
+        ``generator`` optional)."""
         ids, groups = [], []
         now = time.time()
         self._db.execute("BEGIN")
@@ -299,11 +304,12 @@ class Store:
             for r in rollouts:
                 cur = self._db.execute(
                     "INSERT INTO rollouts(group_id, prompt, tokens, behaviour_logprobs, versions, min_version, "
-                    "reward, advantage, created_at, loss_mask) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "reward, advantage, created_at, loss_mask, generator) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (r["group_id"], r["prompt"], json.dumps([int(t) for t in r["tokens"]]),
                      np.asarray(r["behaviour_logprobs"], dtype=np.float32).tobytes(),
                      json.dumps([int(v) for v in r["versions"]]), int(r["min_version"]),
-                     float(r["reward"]), float(r["advantage"]), now, _mask_blob(r.get("loss_mask"), len(r["tokens"]))))
+                     float(r["reward"]), float(r["advantage"]), now, _mask_blob(r.get("loss_mask"), len(r["tokens"])),
+                     r.get("generator")))
                 ids.append(int(cur.lastrowid))
                 groups.append(r["group_id"])
             self._db.execute("COMMIT")
@@ -316,11 +322,12 @@ class Store:
     def ready_rollouts(self, limit: int) -> list[StoredRollout]:
         rows = self._db.execute(
             "SELECT id, group_id, prompt, tokens, behaviour_logprobs, versions, min_version, reward, advantage, "
-            "loss_mask FROM rollouts WHERE state = 'ready' ORDER BY id LIMIT ?", (int(limit),)).fetchall()
+            "loss_mask, generator FROM rollouts WHERE state = 'ready' ORDER BY id LIMIT ?", (int(limit),)).fetchall()
         return [StoredRollout(id=r[0], group_id=r[1], prompt=r[2], tokens=json.loads(r[3]),
                               behaviour_logprobs=np.frombuffer(r[4], dtype=np.float32).copy(),
                               versions=json.loads(r[5]), min_version=r[6], reward=r[7], advantage=r[8],
-                              loss_mask=None if r[9] is None else np.frombuffer(r[9], dtype=np.uint8).astype(bool))
+                              loss_mask=None if r[9] is None else np.frombuffer(r[9], dtype=np.uint8).astype(bool),
+                              generator=r[10])
                 for r in rows]
 
     def ready_group_count(self) -> int:

@@ -119,8 +119,11 @@ class WeightAuthority:
     def vote(self, stage: int, digests: Mapping[str, str | None], version: int = 0) -> Vote:
         """Tally one step's ``{peer: digest}`` of ``stage`` at ``version`` (None: a replica that sent no digest)."""
         reported = {p: d for p, d in digests.items() if d}
-        if len(reported) < 2:
-            return Vote(majority=next(iter(reported.values()), None))
+        if len(reported) < 2:  # a lone replica's digest is the stage's (nobody to disagree with)
+            only = next(iter(reported.values()), None)
+            if only is not None:
+                self._decide(stage, version, only)
+            return Vote(majority=only)
         self.counters["votes"] += 1
         (top, count), = Counter(reported.values()).most_common(1)
         if 2 * count <= len(reported):
@@ -129,9 +132,7 @@ class WeightAuthority:
             return Vote(majority=None)
         members = sorted(p for p, d in reported.items() if d == top)
         self._majority[stage] = set(members)
-        self._decided.setdefault(stage, {})[version] = top
-        while len(self._decided[stage]) > KEEP_VERSIONS:
-            del self._decided[stage][min(self._decided[stage])]
+        self._decide(stage, version, top)
         leader = self._leaders.get(stage)
         trusted = [p for p in members if p not in self.distrusted]
         resync, evict = [], []
@@ -153,6 +154,16 @@ class WeightAuthority:
                     self._asked[peer] = source
                     self.counters["resyncs"] += 1
         return Vote(majority=top, resync=resync, evict=evict)
+
+    def _decide(self, stage: int, version: int, digest: str) -> None:
+        self._decided.setdefault(stage, {})[version] = digest
+        while len(self._decided[stage]) > KEEP_VERSIONS:
+            del self._decided[stage][min(self._decided[stage])]
+
+    def decided(self, stage: int, version: int) -> str | None:
+        """The digest the swarm agreed ``stage`` has at ``version`` (the lone replica's, or a strict
+        majority's), if that is among the last ``KEEP_VERSIONS`` decided; None otherwise."""
+        return self._decided.get(stage, {}).get(version)
 
     def refused(self, source: str, follower: str) -> bool:
         """``follower``, told to resync from ``source``, says what it got did not hash to the majority.

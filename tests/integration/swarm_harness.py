@@ -23,7 +23,7 @@ def free_port() -> int:
 
 class Swarm:
     def __init__(self, tmp: Path, *, stages: int = 2, settings: list[str] = (), checkpoint: str | None = None,
-                 coordinator_args: list[str] = ()):
+                 coordinator_args: list[str] = (), coordinator_command=None):
         self.tmp = tmp
         self.stages = stages
         self.port = free_port()
@@ -31,6 +31,9 @@ class Swarm:
         self.checkpoint = checkpoint or str(base_checkpoint_dir())
         self.settings = list(settings)
         self.coordinator_args = list(coordinator_args)  #: more ``polis coordinator`` flags
+        #: the coordinator's command line from its polis argv (None: ``polis`` itself), e.g.
+        #: ``tests.support.equal_shares.coordinator_argv``
+        self.coordinator_command = coordinator_command
         self.coordinator: subprocess.Popen | None = None
         self.nodes: dict[str, subprocess.Popen] = {}
         self.env = dict(os.environ, POLIS_TORCH_THREADS="1", OMP_NUM_THREADS="1")
@@ -49,20 +52,45 @@ class Swarm:
                 "--admin-token-file", str(self.tmp / "token")]
         for item in self.settings:
             argv += ["--set", item]
-        self.coordinator = self._spawn("coordinator", *argv, *self.coordinator_args)
+        argv += self.coordinator_args
+        command = None if self.coordinator_command is None else self.coordinator_command(*argv)
+        self.coordinator = self._spawn("coordinator", *argv, command=command)
         self.wait(lambda s: True, timeout_s=60, what="the coordinator to answer")
 
-    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None) -> None:
+    def start_node(self, name: str, *extra: str, misbehaviour: str | None = None,
+                   slowdown: float | None = None, coordinator: str | None = None) -> None:
         """A torch node named ``name``; ``extra``: more ``polis node`` flags (e.g. ``--inference-only``);
-        ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``)."""
-        argv = ["-v", "node", "--coordinator", self.url, "--identity", name, "--data-dir", str(self.tmp / name),
+        ``misbehaviour``: a hostile real node (``tests.support.hostile_node.MISBEHAVIOURS``);
+        ``slowdown``: a node that computes that many times slower (``tests.support.throttled_node``);
+        ``coordinator``: the swarm URL it is given (default: this coordinator's, unpinned)."""
+        argv = ["-v", "node", "--coordinator", coordinator or self.url, "--identity", name,
+                "--data-dir", str(self.tmp / name),
                 "--checkpoint", self.checkpoint, "--backend", "torch", *extra]
         command = None
         if misbehaviour is not None:
             from tests.support.hostile_node import node_argv
 
             command = node_argv(misbehaviour, *argv)
+        elif slowdown is not None:
+            from tests.support import throttled_node
+
+            command = throttled_node.node_argv(slowdown, *argv)
         self.nodes[name] = self._spawn(name, *argv, command=command)
+
+    def pinned_url(self) -> str:
+        """The swarm URL the coordinator printed, pinning its key (``#key=...``)."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            for line in (self.tmp / "coordinator.log").read_text(errors="replace").splitlines():
+                if "nodes join with: polis node --coordinator '" in line:
+                    return line.split("--coordinator '", 1)[1].split("'", 1)[0]
+            time.sleep(0.2)
+        raise AssertionError(f"the coordinator printed no swarm URL; logs in {self.tmp}")
+
+    def log_has(self, name: str, text: str) -> bool:
+        """Whether process ``name``'s log contains ``text``."""
+        log = self.tmp / f"{name}.log"
+        return log.exists() and text in log.read_text(errors="replace")
 
     def peer_id(self, name: str) -> str:
         """The peer id node ``name`` has (its identity is created here first if it has none yet)."""

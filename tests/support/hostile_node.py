@@ -40,7 +40,14 @@ MISBEHAVIOURS = {
     "ignore_train_in": "drops every train_in and train_out (its routes' micro-batches never finish)",
     "stop_reading_ws": "stops reading its coordinator websocket (TCP reads paused)",
     "stop_draining_sctp": "its SCTP stops taking in chunks: peers' sends to it back up, nothing is acknowledged",
+    "serves_random_weights": "trains honestly but serves random weights (ServesRandomWeights) and reports "
+                             "their digest",
+    "forges_routes": "for the first activations it gets, sends every other member forged 'drop's and "
+                     "'grad's (routes it wrote itself, no ticket) for that job and its neighbours",
 }
+
+#: forgery rounds of a ``forges_routes`` node (bounded: each forgery is a strike at its receiver)
+FORGERY_ROUNDS = 3
 
 #: an honest-looking hello of a fresh node (override any field to lie)
 HONEST_HELLO: dict[str, Any] = {"backend": "torch", "device": "cpu", "max_layers": None, "stage": None,
@@ -155,6 +162,36 @@ def forged_grad(job: str, route: list[str], *, step: int, mb: int, rows: int, to
     return messages.Grad(job=job, route=route, hop=0, tensor=tensor, step=step, mb=mb), payload
 
 
+def _neighbours(job: str) -> list[str]:
+    """``job`` and the ids the coordinator gave just before and after it (``t41``; ``3:1`` step:mb)."""
+    if ":" in job:
+        head, mb = job.rsplit(":", 1)
+        return [job] + [f"{head}:{m}" for m in (int(mb) - 1, int(mb) + 1) if m >= 0]
+    prefix = job.rstrip("0123456789")
+    n = int(job[len(prefix):] or 0)
+    return [job] + [f"{prefix}{m}" for m in (n - 1, n + 1) if m >= 0]
+
+
+async def _forge(node: Any, act: Any) -> None:
+    """Send every member off ``act``'s route a forged ``drop`` (generation) or ``grad`` (training) of
+    the job ``act`` belongs to and its neighbours, naming this node as the receiver's upstream."""
+    me = node.ctx.peer_id
+    others = [p for ids in node.ctx.membership.stages for p in ids if p != me and p not in act.route]
+    for peer in others:
+        for job in _neighbours(act.job):
+            try:
+                if act.kind == "gen":
+                    await node.ctx.peers.send(peer, forged_drop(job, [me, peer]))
+                else:
+                    rows, tokens, hidden = act.tensor["shape"]
+                    header, payload = forged_grad(job, [peer, me], step=act.step, mb=act.mb, rows=rows,
+                                                  tokens=tokens, hidden=hidden)
+                    await node.ctx.peers.send(peer, header, payload)
+                log.warning("hostile node sent a forged %s for %s to %s", act.kind, job, peer)
+            except Exception as exc:  # noqa: BLE001 - a hostile node goes on forging
+                log.warning("hostile node could not forge to %s: %s", peer, exc)
+
+
 # ---------------------------------------------------------------------------- a real misbehaving node
 def node_argv(misbehaviour: str, *polis_args: str) -> list[str]:
     """argv of a real ``polis node`` process (``polis_args``, from ``node`` on) that misbehaves."""
@@ -177,11 +214,23 @@ def _patch(misbehaviour: str) -> None:
         if not armed.is_set():
             log.warning("hostile node %s now misbehaves: %s", self.ctx.peer_id, MISBEHAVIOURS[misbehaviour])
             armed.set()
+            if misbehaviour == "serves_random_weights":
+                self.ctx.stage.rt = ServesRandomWeights(self.ctx.stage.rt)
             if misbehaviour == "stop_reading_ws":
                 ws = self.session._ws
                 if ws is not None and ws._conn is not None and ws._conn.transport is not None:
                     ws._conn.transport.pause_reading()
     Node._ready = ready
+
+    if misbehaviour == "forges_routes":
+        honest_on_peer, rounds = Node.on_peer, [0]
+
+        def on_peer(self, sender, header, payload) -> None:
+            honest_on_peer(self, sender, header, payload)
+            if armed.is_set() and isinstance(header, messages.Act) and rounds[0] < FORGERY_ROUNDS:
+                rounds[0] += 1
+                self.ctx.tasks.spawn(_forge(self, header), name=f"polis-hostile-forge-{rounds[0]}")
+        Node.on_peer = on_peer
 
     if misbehaviour == "ignore_train_in":
         honest_in, honest_out = Training.on_train_in, Training.on_train_out

@@ -57,3 +57,18 @@ def test_the_attacks_are_what_finding_6_describes_and_forgery_is_what_finding_4_
     forged = forge(groups, vocab_size=40, stop_id=2)
     assert forged[0].samples[0].completion_ids.tolist() == [5, 2, 45] and forged[0].samples[0].versions.max() == 2**40
     assert forged[1].samples[0].completion_ids.tolist() == [5, 2]  # one generator in three
+
+
+def test_several_seeds_are_summarised_per_scenario_against_the_clean_run_of_each_seed():
+    from engine.bench.trust import format_summary, summarise
+
+    def row(name, seed, end, clean):
+        return {"scenario": name, "seed": seed, "eval_end": end, "vs_clean": round(end - clean, 4), "steps_lost": 0,
+                "refused_groups": 3}
+    results = [row("clean", 0, 0.10, 0.10), row("x10", 0, 0.12, 0.10),
+               row("clean", 1, 0.20, 0.20), row("x10", 1, 0.16, 0.20)]
+    summary = {s["scenario"]: s for s in summarise(results)}
+    assert summary["x10"]["vs_clean_mean"] == -0.01 and (summary["x10"]["vs_clean_min"],
+                                                         summary["x10"]["vs_clean_max"]) == (-0.04, 0.02)
+    assert summary["clean"]["eval_end_mean"] == 0.15 and summary["x10"]["seeds"] == [0, 1]
+    assert "x10" in format_summary(list(summary.values()), steps=20)

@@ -7,7 +7,8 @@ import sys
 
 MODULES = ["engine.envs", "engine.envs.pids_cgroup", "engine.envs.contract", "engine.envs.trajectory",
            "engine.envs.tools", "engine.envs.stats", "engine.envs.token_rollout", "engine.envs.calculator",
-           "engine.envs.sandbox", "engine.envs.tool_env", "engine.envs.registry"]
+           "engine.envs.sandbox", "engine.envs.tool_env", "engine.envs.registry",
+           "engine.envs.transcripts"]
 
 
 def test_envs_modules_import_without_heavy_packages():

@@ -119,3 +119,27 @@ def test_the_calculator_demos_summary_has_turns_tool_calls_the_monitor_and_the_t
     assert summary["env"] == "calculator" and summary["mean_turns"] == monitor["mean_turns"]
     assert summary["episode_seconds"]["generation"] == 0.5 and summary["episode_seconds"]["stepping"] == 0.01
     assert (summary["turns_from_cache"], summary["turns_recomputed"]) == (3, 5)
+
+
+def test_the_calculator_demo_warms_the_base_up_once_and_points_the_run_at_the_warmed_checkpoint(tmp_path, monkeypatch):
+    import io
+
+    from engine.swarm.run_config import RunConfig, apply_overrides
+    from tests.support.tiny_tied_llama import write_tiny_tied_llama
+
+    monkeypatch.setenv("POLIS_DATA_DIR", str(tmp_path / "data"))
+    tiny = write_tiny_tied_llama(tmp_path / "tiny", num_layers=2)
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    argv = ["--model", str(tiny), "--env", "calculator", "--warmup-steps", "1", "--set", "task.eval_size=2"]
+    args = parser.parse_args(argv)
+    args.set = demo.real_model_settings(args)
+    warm = demo.tool_warm_up(args, io.StringIO())
+    assert Path(warm["dir"]).parent == tmp_path / "data" / "warmups" and (Path(warm["dir"]) / "WARMUP.json").exists()
+    run = apply_overrides(RunConfig(), args.set)
+    assert run.model == warm["dir"] and run.env.name == "calculator"  # the swarm starts from the warmed weights
+    assert not warm["reused"] and warm["steps"] == 1 and warm["before"]["episodes"] == 2
+    assert warm["settings"]["lora_rank"] == run.lora.rank and warm["settings"]["max_new_tokens"] == 64
+    again = parser.parse_args(argv)
+    again.set = demo.real_model_settings(again)
+    assert demo.tool_warm_up(again, io.StringIO())["reused"]

@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 MODULES = ["engine.rl.trainer", "engine.rl.make_base", "engine.rl.recipe", "engine.rl.run_state",
-           "engine.rl.sft", "engine.rl.evaluation", "engine.rl.tasks.rewards", "engine.bench.rl"]
+           "engine.rl.sft", "engine.rl.tool_warmup", "engine.rl.evaluation", "engine.rl.tasks.rewards",
+           "engine.bench.rl"]
 
 
 def test_rl_modules_import_without_heavy_libraries():

@@ -31,6 +31,7 @@ FROM_COORDINATOR = [
     {"type": "abort", "step": 4},
     {"type": "sync", "source_peer": PEER, "weights_hash": "0123456789abcdef" * 2, "version": 2},
     {"type": "shutdown", "reason": "full"},
+    {"type": "export_permit", "peer": PEER, "stage": 1, "expires_s": 1_800_000_000},
 ]
 FROM_NODE = [
     {"type": "hello", "peer_id": PEER, "public_key": "k", "signature": "s", "backend": "torch", "device": "cpu",

@@ -1,6 +1,6 @@
 """``polis export``: a run's policy version as a public artifact (HF checkpoint, PEFT adapter, model card).
 
-* ``run_record`` — what a local run's coordinator database says (read-only);
+* ``run_record`` — what a run's coordinator database says (read-only; or as a coordinator sent it);
 * ``stage_files`` — each stage's checkpoint of one version, verified by its content hash;
 * ``hf_export`` — sharded safetensors (one shard per stage), index, config, tokenizer;
 * ``peft_adapter`` — a LoRA run's adapters in PEFT's format;
@@ -8,5 +8,7 @@
 * ``model_card`` — ``README.md`` with HF front matter, generated from the database and evals;
 * ``command`` — the CLI.
 
-Export by coordinator URL over WebRTC is not here: only local run directories.
+From a running swarm (``polis export --coordinator URL``) the stages' weights are fetched by
+``engine.swarm.export_fetch`` (checkpoint when readable here, else the stage leader over WebRTC,
+verified against the swarm's agreed digest) and written by the same ``hf_export.write_export``.
 """

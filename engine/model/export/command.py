@@ -1,6 +1,10 @@
-"""``polis export --run-dir DIR --out OUT``: write one policy version of a local run as an HF checkpoint.
+"""``polis export (--run-dir DIR | --coordinator URL) --out OUT``: one policy version as an HF checkpoint.
 
-Runs ``hf_export.export_version`` (or the PEFT adapter with ``--adapter``), then, unless
+From a local run directory it runs ``hf_export.export_version``; from a running swarm
+(``--coordinator URL`` with the admin token) ``engine.swarm.export_fetch.fetch_run`` gets every
+stage's verified weights (its checkpoint when readable here, else from its leader over WebRTC)
+and ``hf_export.write_export`` writes the same folder. With ``--adapter`` a LoRA run's adapters
+are written in PEFT's format instead. Then, unless
 ``--no-eval``, measures the base and the export with ``polis eval``'s code on the run's
 task (its held-out split; ``--eval-n`` items) and writes the model card (``README.md``)
 from the database and those figures. Prints where the folder is and what to do with it,
@@ -16,11 +20,21 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", required=True,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-dir",
                         help="the run directory (coordinator.db + node data dirs; what `polis demo --run-dir` keeps)")
+    source.add_argument("--coordinator", metavar="URL",
+                        help="a running swarm's coordinator (http://host:port): fetch each stage from its checkpoint "
+                             "when readable here, else from its leader over WebRTC; needs the admin token")
+    parser.add_argument("--admin-token-file", default=None,
+                        help="with --coordinator: the file `polis coordinator --admin-token-file` wrote "
+                             "(or set POLIS_ADMIN_TOKEN)")
     parser.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
+    parser.add_argument("--stage-timeout-s", type=float, default=None,
+                        help="with --coordinator: longest one stage's weights may take over WebRTC (default 180)")
     parser.add_argument("--version", type=int, default=None,
-                        help="policy version to export (default: the newest every stage has checkpointed)")
+                        help="policy version to export (default: the newest every stage has checkpointed; "
+                             "with --coordinator the run's current version)")
     parser.add_argument("--base", default=None,
                         help="the base checkpoint the run was cut from (default: as the stage checkpoints record)")
     parser.add_argument("--adapter", action="store_true",
@@ -48,9 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from engine.rl.tasks.reasoning_gym_task import TaskUnavailable
 
     try:
-        result = export_version(args.run_dir, args.out, version=args.version, base_dir=args.base,
-                                adapter=args.adapter, overwrite=args.force)
-        record = RunRecord.open(args.run_dir)
+        if args.coordinator:
+            record, result = _export_from_swarm(args)
+        else:
+            result = export_version(args.run_dir, args.out, version=args.version, base_dir=args.base,
+                                    adapter=args.adapter, overwrite=args.force)
+            record = RunRecord.open(args.run_dir)
         before, after = [], []
         if not args.no_eval and not result.adapter_only:
             task = record.task
@@ -80,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = Path(result.out_dir)
     print(f"Exported version {result.version} of run {result.run_id} to {out}")
+    for stage, source in enumerate(result.stage_files):
+        print(f"  stage {stage}: {source}")
     for b, a in zip(before, after):
         content = (f", content {100 * b.content:.1f} % -> {100 * a.content:.1f} %"
                    if a.content is not None and b.content is not None else "")
@@ -90,3 +109,28 @@ def run(args: argparse.Namespace) -> int:
     print("Load it with transformers' AutoModelForCausalLM.from_pretrained(...); the model card is README.md; "
           f"publish it yourself with `huggingface-cli upload YOUR_NAME/MODEL {out}`.")
     return 0
+
+
+def _export_from_swarm(args: argparse.Namespace):
+    """``--coordinator``: fetch every stage's verified weights of the version, write them as the local export."""
+    import asyncio
+    import os
+
+    from engine.model.export.hf_export import write_export
+    from engine.model.importers.output import check_out_dir
+    from engine.swarm.export_fetch import fetch_run
+
+    token = os.environ.get("POLIS_ADMIN_TOKEN", "")
+    if args.admin_token_file:
+        try:
+            token = Path(args.admin_token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the admin token file {args.admin_token_file} ({exc})") from None
+    if not token:
+        raise ValueError("--coordinator needs the admin token: pass --admin-token-file (the file "
+                         "`polis coordinator --admin-token-file` wrote) or set POLIS_ADMIN_TOKEN")
+    check_out_dir(Path(args.out), overwrite=args.force)  # before fetching anything
+    timeout = {} if args.stage_timeout_s is None else {"stage_timeout_s": args.stage_timeout_s}
+    record, stages = asyncio.run(fetch_run(args.coordinator, token, version=args.version, **timeout))
+    return record, write_export(record, stages, args.out, base_dir=args.base, adapter=args.adapter,
+                                overwrite=args.force)

@@ -1,7 +1,8 @@
 """One policy version of a run, written as an ordinary Hugging Face checkpoint directory.
 
 ``export_version`` takes every stage's verified checkpoint of the version
-(``stage_files.read_stage``) and writes, into a staging directory that is renamed into
+(``stage_files.read_stage``; ``engine.swarm.export_fetch`` gets them from a running swarm
+instead) and ``write_export`` writes them, into a staging directory that is renamed into
 place only when complete:
 
 * one safetensors shard per stage, ``model-0000k-of-0000S.safetensors`` (fp32: exactly the
@@ -37,7 +38,7 @@ from backends.stage_layout import EMBED
 from engine.model.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from engine.model.errors import CheckpointError
 from engine.model.export.run_record import RunRecord
-from engine.model.export.stage_files import StageFile, latest_common_version, read_stage
+from engine.model.export.stage_files import StageWeights, latest_common_version, read_stage
 from engine.model.importers.output import (
     GENERATION_CONFIG_FILE,
     MANIFEST_FILE,
@@ -85,34 +86,52 @@ def export_version(run_dir: str | Path, out_dir: str | Path, *, version: int | N
                    overwrite: bool = False) -> ExportResult:
     """Write version ``version`` (default: the newest every stage has) of the run at ``run_dir``."""
     record = RunRecord.open(run_dir)
-    out_dir = Path(out_dir)
-    check_out_dir(out_dir, overwrite=overwrite)
+    check_out_dir(Path(out_dir), overwrite=overwrite)
     if version is None:
         version = latest_common_version(record)
+    check_trained(record, version)
+    stages = [read_stage(record, s, version) for s in range(record.num_stages)]
+    return write_export(record, stages, out_dir, base_dir=base_dir, adapter=adapter, overwrite=overwrite)
+
+
+def check_trained(record: RunRecord, version: int) -> None:
     if version <= 0:
         raise CheckpointError(record.db_path, "version 0 is the base checkpoint itself, not a trained policy: "
                                               "use the base directory as it is, or export a trained version")
-    stages = [read_stage(record, s, version) for s in range(record.num_stages)]
-    base = _base_checkpoint(record, [f for f, _ in stages], base_dir)
+
+
+def write_export(record: RunRecord, stages: list[StageWeights], out_dir: str | Path, *,
+                 base_dir: str | Path | None = None, adapter: bool = False, overwrite: bool = False) -> ExportResult:
+    """Write ``stages`` (every stage's verified weights of one version, stage order) as the export.
+
+    The one writer behind both ``polis export --run-dir`` and ``--coordinator``."""
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, overwrite=overwrite)
+    if [w.stage for w in stages] != list(range(record.num_stages)) or len({w.version for w in stages}) != 1:
+        raise CheckpointError(out_dir, "the stages' weights are not one version of every stage "
+                                       f"({[(w.stage, w.version) for w in stages]})")
+    version = stages[0].version
+    check_trained(record, version)
+    base = _base_checkpoint(record, stages, base_dir)
     specs = plan_stages(base.config.num_hidden_layers, record.num_stages)
     lora = _one_lora(stages)
     if adapter and lora is None:
-        raise CheckpointError(stages[0][0].path, "this run trained every weight (no LoRA adapters); "
-                                                 "export it without --adapter")
+        raise CheckpointError(Path(stages[0].source), "this run trained every weight (no LoRA adapters); "
+                                                      "export it without --adapter")
     staging = staging_dir(out_dir)
     try:
         if adapter and lora is not None:  # (adapter without lora was refused above)
             from engine.model.export.peft_adapter import write_adapter
 
-            files = write_adapter(staging, [t for _, t in stages], lora, base.path)
+            files = write_adapter(staging, [w.tensors for w in stages], lora, base.path)
             shards: tuple[str, ...] = ()
             tied_diff = None
         else:
-            weights = [_stage_weights(base, spec, f, t, lora) for spec, (f, t) in zip(specs, stages)]
-            tied_diff = _drop_tied_copy(base.config, weights, stages[-1][0].path)
+            weights = [_stage_weights(base, spec, w, lora) for spec, w in zip(specs, stages)]
+            tied_diff = _drop_tied_copy(base.config, weights, Path(stages[-1].source))
             shards = _write_shards(staging, weights)
             files = shards + (INDEX_FILE,)
-        _write_side_files(staging, base.path, record, version, [f for f, _ in stages], lora, adapter)
+        _write_side_files(staging, base.path, record, version, stages, lora, adapter)
         if not adapter:
             Checkpoint(staging).check_stage(StageSpec(0, 1, 0, base.config.num_hidden_layers))
     except BaseException:
@@ -121,14 +140,14 @@ def export_version(run_dir: str | Path, out_dir: str | Path, *, version: int | N
     publish_staged(staging, out_dir)
     log.info("exported version %d of run %s to %s", version, record.run_id, out_dir)
     return ExportResult(out_dir=out_dir, version=version, run_id=record.run_id, base_dir=base.path, shards=shards,
-                        stage_sha256=tuple(f.sha256 or "" for f, _ in stages),
-                        stage_files=tuple(str(f.path) for f, _ in stages),
+                        stage_sha256=tuple(w.sha256 for w in stages),
+                        stage_files=tuple(w.source for w in stages),
                         tied=bool(base.config.tie_word_embeddings), tied_max_abs_diff=tied_diff, lora=lora,
                         adapter_only=adapter, num_parameters=int(base.config.num_parameters), files=tuple(files))
 
 
-def _base_checkpoint(record: RunRecord, files: list[StageFile], base_dir: str | Path | None) -> Checkpoint:
-    recorded = next((f.base for f in files if f.base), None)
+def _base_checkpoint(record: RunRecord, stages: list[StageWeights], base_dir: str | Path | None) -> Checkpoint:
+    recorded = next((w.base for w in stages if w.base), None)
     chosen = base_dir or record.base_checkpoint or recorded
     if chosen is None:
         raise CheckpointError(record.db_path, "the run does not say which base checkpoint it was cut from; "
@@ -139,21 +158,22 @@ def _base_checkpoint(record: RunRecord, files: list[StageFile], base_dir: str | 
     return Checkpoint(chosen)
 
 
-def _one_lora(stages: list[tuple[StageFile, dict[str, np.ndarray]]]) -> dict[str, Any] | None:
-    settings = [f.lora for f, _ in stages]
+def _one_lora(stages: list[StageWeights]) -> dict[str, Any] | None:
+    settings = [w.lora for w in stages]
     if any(s != settings[0] for s in settings):
-        raise CheckpointError(stages[0][0].path, "the stages disagree on LoRA settings "
-                                                 f"({settings}); they are not from one run")
+        raise CheckpointError(Path(stages[0].source), "the stages disagree on LoRA settings "
+                                                      f"({settings}); they are not from one run")
     return settings[0]
 
 
-def _stage_weights(base: Checkpoint, spec: StageSpec, f: StageFile, tensors: dict[str, np.ndarray],
+def _stage_weights(base: Checkpoint, spec: StageSpec, w: StageWeights,
                    lora: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
     """The stage's plain HF parameters (adapters merged in), checked against the base's shapes."""
-    if (f.spec.get("layer_start"), f.spec.get("layer_end")) != (spec.layer_start, spec.layer_end):
-        raise CheckpointError(f.path, f"holds layers {f.spec.get('layer_start')}-{f.spec.get('layer_end')}, but "
-                                      f"stage {spec.stage_index} of this base is layers "
-                                      f"{spec.layer_start}-{spec.layer_end}; pass the run's own --base")
+    where, tensors = Path(w.source), w.tensors
+    if w.layers != (spec.layer_start, spec.layer_end):
+        raise CheckpointError(where, f"holds layers {w.layers[0]}-{w.layers[1]}, but "
+                                     f"stage {spec.stage_index} of this base is layers "
+                                     f"{spec.layer_start}-{spec.layer_end}; pass the run's own --base")
     if lora is not None:
         from backends.base import LoraConfig
         from backends.lora import merge
@@ -166,8 +186,8 @@ def _stage_weights(base: Checkpoint, spec: StageSpec, f: StageFile, tensors: dic
     missing = sorted(set(expected) - set(tensors))
     wrong = sorted(n for n in expected if n in tensors and tuple(tensors[n].shape) != expected[n])
     if extra or missing or wrong:
-        raise CheckpointError(f.path, f"does not fit the base {base.path} (missing {missing[:3]}, unexpected "
-                                      f"{extra[:3]}, other shapes {wrong[:3]}); pass the run's own --base")
+        raise CheckpointError(where, f"does not fit the base {base.path} (missing {missing[:3]}, unexpected "
+                                     f"{extra[:3]}, other shapes {wrong[:3]}); pass the run's own --base")
     return {name: np.ascontiguousarray(tensors[name], dtype=np.float32) for name in expected}
 
 
@@ -201,7 +221,7 @@ def _write_shards(staging: Path, weights: list[dict[str, np.ndarray]]) -> tuple[
     return tuple(names)
 
 
-def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version: int, files: list[StageFile],
+def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version: int, stages: list[StageWeights],
                       lora: Mapping[str, Any] | None, adapter: bool) -> None:
     config = read_json(base_dir / CONFIG_FILE)
     config["torch_dtype"] = "float32"
@@ -223,12 +243,12 @@ def _write_side_files(staging: Path, base_dir: Path, record: RunRecord, version:
     base_info = read_json(base_manifest) if base_manifest.exists() else {}
     base_name = base_info.get("name") or base_dir.name
     write_json(staging / MANIFEST_FILE, {
-        "name": f"{base_name}-polis-{record.run_id}-v{version}", "kind": "export", "source": str(record.run_dir),
+        "name": f"{base_name}-polis-{record.run_id}-v{version}", "kind": "export", "source": record.source,
         "base": str(base_dir), "base_name": base_name,
         "base_kind": base_info.get("kind"), "base_source": base_info.get("source"), "run_id": record.run_id,
         "version": version,
         "lora": lora, "adapter_only": adapter,
-        "stages": [{"stage": f.stage, "file": str(f.path), "sha256": f.sha256} for f in files]})
+        "stages": [{"stage": w.stage, "file": w.source, "sha256": w.sha256, "hash": w.hash_kind} for w in stages]})
 
 
 def stage_json(result: ExportResult) -> dict[str, Any]:

@@ -59,6 +59,41 @@ class RunRecord:
     rollout_counts: dict[str, int]
     staleness: dict[str, Any]  #: histogram and what it counts (see :meth:`_staleness`)
     base_checkpoint: str | None  #: the base the run was cut from, if the database names it
+    #: where the record was read: None for a local database, the coordinator's URL for ``from_dict``
+    origin: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the run was read from, in words: the coordinator's URL or the run directory."""
+        return self.origin or str(self.run_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what a coordinator's export API sends (``from_dict`` reads it back)."""
+        return {"run": self.run, "num_stages": self.num_stages, "run_id": self.run_id,
+                "stage_checkpoints": {str(k): v for k, v in self.stage_checkpoints.items()},
+                "latest_version": self.latest_version, "versions": self.versions, "evals": self.evals,
+                "ledger": self.ledger, "peers": [vars(p) for p in self.peers], "rollout_counts": self.rollout_counts,
+                "staleness": self.staleness, "base_checkpoint": self.base_checkpoint}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], origin: str) -> "RunRecord":
+        """A record a coordinator sent (``to_dict``); raises CheckpointError when it is not one."""
+        try:
+            return cls(run_dir=Path("."), db_path=Path(DB_FILE), run=dict(data["run"]),
+                       num_stages=int(data["num_stages"]), run_id=str(data["run_id"]),
+                       stage_checkpoints={int(k): str(v) for k, v in dict(data["stage_checkpoints"]).items()},
+                       latest_version=int(data["latest_version"]),
+                       versions=[dict(version=int(v["version"]), created_at=float(v["created_at"]),
+                                      reward=v["reward"], samples=v["samples"], info=dict(v["info"] or {}))
+                                 for v in data["versions"]],
+                       evals=[dict(e) for e in data["evals"]],
+                       ledger={str(k): dict(v) for k, v in dict(data["ledger"]).items()},
+                       peers=[PeerRecord(**p) for p in data["peers"]],
+                       rollout_counts={str(k): int(v) for k, v in dict(data["rollout_counts"]).items()},
+                       staleness=dict(data["staleness"]), base_checkpoint=data.get("base_checkpoint"), origin=origin)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(Path(DB_FILE), f"the run record from {origin} is not one ({exc!r}); "
+                                                 "is the coordinator running this Polis version?") from None
 
     @property
     def task(self) -> TaskConfig:

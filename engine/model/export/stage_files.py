@@ -32,6 +32,24 @@ class StageMissing(CheckpointError):
 
 
 @dataclass(frozen=True)
+class StageWeights:
+    """One stage's verified tensors of one version, and where they came from: a checkpoint file
+    (``StageFile.read_weights``) or the stage's leader over WebRTC (``engine.swarm.export_fetch``).
+    ``hf_export.write_export`` writes either the same way."""
+
+    stage: int
+    version: int
+    source: str  #: the checkpoint file, or "peer <id> (WebRTC)"
+    sha256: str  #: the hash the tensors were checked against (stage file SHA-256, or the swarm's digest)
+    lora: dict[str, Any] | None  #: adapter settings when the tensors are LoRA adapters
+    base: str | None  #: the base checkpoint the stage was loaded from, when recorded
+    layers: tuple[int, int]  #: ``(layer_start, layer_end)`` the tensors hold
+    tensors: dict[str, np.ndarray]
+    #: what ``sha256`` is: "sha256" (``engine.model.content_hash``) or "blake2b-128" (``weights_digest``)
+    hash_kind: str = "sha256"
+
+
+@dataclass(frozen=True)
 class StageFile:
     """One stage checkpoint file, header read (tensors not yet)."""
 
@@ -55,6 +73,14 @@ class StageFile:
                        base=meta.get("polis_base") or None, spec=spec)
         except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(path, f"is not a Polis stage checkpoint (metadata: {exc})") from None
+
+    def read_weights(self) -> StageWeights:
+        """The verified tensors with what ``write_export`` needs to know about them."""
+        tensors = self.read_verified()
+        return StageWeights(stage=self.stage, version=self.version, source=str(self.path), sha256=self.sha256 or "",
+                            lora=self.lora, base=self.base,
+                            layers=(int(self.spec.get("layer_start", -1)), int(self.spec.get("layer_end", -1))),
+                            tensors=tensors)
 
     def read_verified(self) -> dict[str, np.ndarray]:
         """The tensors, after checking their SHA-256 against the recorded one."""
@@ -109,8 +135,8 @@ def latest_common_version(record: RunRecord) -> int:
     return max(common)
 
 
-def read_stage(record: RunRecord, stage: int, version: int) -> tuple[StageFile, dict[str, np.ndarray]]:
-    """Stage ``stage``'s verified tensors of ``version`` and the file they came from.
+def read_stage(record: RunRecord, stage: int, version: int) -> StageWeights:
+    """Stage ``stage``'s verified tensors of ``version`` (and the file they came from).
 
     Several files may hold that version (the leader's, a former leader's); the first whose
     hash checks out wins. Raises StageMissing when none holds it, CheckpointError when every
@@ -129,7 +155,7 @@ def read_stage(record: RunRecord, stage: int, version: int) -> tuple[StageFile, 
     failure: CheckpointError | None = None
     for f in match:
         try:
-            return f, f.read_verified()
+            return f.read_weights()
         except CheckpointError as exc:
             failure = failure or exc
     assert failure is not None
