@@ -52,7 +52,8 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: Not yet measured against each other in the swarm. Tried 2026-12-03: lr 1e-4 with unscaled advantages
 #: (objective.scale_by_std=false) rose the same +6.2 points in 30 minutes (v8 35.9, v16 39.1, v24 40.6 %),
 #: so the recipe the in-process comparison measured stays. A SmolLM2 micro-batch takes seconds on a CPU:
-#: the 30 s default micro-batch deadline evicted the only stage-1 trainer at step 0, hence 120 s. Stage checkpoints (adapters only with LoRA: a few
+#: the 30 s default micro-batch deadline evicted the only stage-1 trainer at step 0, hence 120 s.
+#: Stage checkpoints (adapters only with LoRA: a few
 #: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
 #: Activations cross the stage boundary as bf16: int8 with per-row scales, the tiny base's default,
 #: wrecks a real model's residual stream (a few channels carry outliers a hundred times the rest):
