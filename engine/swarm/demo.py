@@ -71,7 +71,9 @@ REAL_MODEL_SETTINGS = (
 #: line is about 30), rollouts of the episode's whole context up to 1024 tokens
 ENV_TASKS = {"calculator": ("reasoning_gym:chain_sum",
                             {"min_terms": 2, "max_terms": 3, "min_digits": 3, "max_digits": 4})}
-ENV_SETTINGS = ("env.max_turns=4", "env.max_context_tokens=1024", "sampling.max_new_tokens=64")
+#: (a micro-batch of 8 such episodes can be 8 x 1024 tokens: 300 s each before it counts as missed)
+ENV_SETTINGS = ("env.max_turns=4", "env.max_context_tokens=1024", "sampling.max_new_tokens=64",
+                "microbatch_timeout_s=300")
 #: ``--env`` on a real model: SFT steps of the tool warm-up before the swarm starts (``engine.rl.tool_warmup``:
 #: the base made 0.03 tool calls an episode, so RL had no reward variance); 4 transcripts a step, lr 1e-4.
 #: Measured on SmolLM2-135M (32 held-out prompts, probability that the first turn opens a tool call at
