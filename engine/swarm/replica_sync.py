@@ -127,39 +127,15 @@ def aggregate(contributions: Mapping[str, Mapping[str, np.ndarray]], *, clip_fac
         good = [p for p in good if shares.get(p, 0.0) > 0]
     if not good:
         return {name: np.full(shapes[name], np.nan, dtype=np.float32) for name in names}
-    if shares is not None:
-        return _weighted(contributions, good, names, shapes, {p: float(shares[p]) for p in good},
-                         clip_factor, centre_factor, robust_from)
-    as64 = {p: {n: np.asarray(contributions[p][n], dtype=np.float64) for n in names} for p in good}
-    norms = {p: global_norm(as64[p]) for p in good}
-    robust = len(good) >= robust_from
-    cap = clip_factor * (float(np.median(list(norms.values()))) if robust else min(norms.values()))
-    scale = {p: cap / norms[p] if norms[p] > cap else 1.0 for p in good}
-    out: dict[str, np.ndarray] = {}
-    if not robust:
-        for name in names:
-            total = np.zeros(shapes[name], dtype=np.float64)
-            for p in good:
-                total += scale[p] * as64[p][name]
-            out[name] = _to_fp32(total)
-        return out
-    centre = {n: np.median(np.stack([scale[p] * as64[p][n] for p in good]), axis=0) for n in names}
-    deviation = {p: float(np.sqrt(sum(float(np.square(scale[p] * as64[p][n] - centre[n]).sum()) for n in names)))
-                 for p in good}
-    tau = centre_factor * float(np.median(list(deviation.values())))
-    pull = {p: tau / deviation[p] if deviation[p] > tau else 1.0 for p in good}
-    for name in names:
-        moved = np.zeros(shapes[name], dtype=np.float64)
-        for p in good:
-            moved += pull[p] * (scale[p] * as64[p][name] - centre[name])
-        out[name] = _to_fp32(len(peers) * (centre[name] + moved / len(good)))
-    return out
+    # without shares every replica weighs 1/N: the clipped contributions' sum, or N x their robust mean
+    weights = {p: float(shares[p]) for p in good} if shares is not None else {p: 1.0 / len(peers) for p in good}
+    return _weighted(contributions, good, names, shapes, weights, clip_factor, centre_factor, robust_from)
 
 
 def _weighted(contributions: Mapping[str, Mapping[str, np.ndarray]], good: list[str], names: list[str],
               shapes: dict, shares: dict[str, float], clip_factor: float, centre_factor: float,
               robust_from: int) -> dict[str, np.ndarray]:
-    """:func:`aggregate` with unequal shares (see there): clip the per-share estimates, weigh by share."""
+    """:func:`aggregate` by shares (see there): clip the per-share estimates, weigh by share."""
     est = {p: {n: np.asarray(contributions[p][n], dtype=np.float64) / shares[p] for n in names} for p in good}
     norms = {p: global_norm(est[p]) for p in good}
     robust = len(good) >= robust_from
