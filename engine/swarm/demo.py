@@ -319,8 +319,12 @@ def _progress_line(stats: dict[str, Any], elapsed_s: float, tok_rate: float) -> 
     acc = " ".join(f"v{e['version']}:{e['accuracy']:.0%}" + (f"/{e['content']:.0%}" if e.get("content") not in
                                                                 (None, e["accuracy"]) else "")
                    for e in evals[-4:]) or "-"  # strict/content where they differ
+    # the mean over the last 8 steps' samples: one step's batch is a few prompts, too noisy to read alone
+    recent = steps[-8:]
+    samples = sum(int(s.get("samples", 0)) for s in recent)
+    reward = sum(float(s.get("reward", 0.0)) * int(s.get("samples", 0)) for s in recent) / samples if samples else 0.0
     return (f"[{elapsed_s:5.0f}s] nodes {ready}/{len(stats['nodes'])}  version {stats['version']:3d}  "
-            f"reward {last.get('reward', 0.0):.3f}  eval {acc}  {tok_rate:6.0f} tok/s  "
+            f"reward(8) {reward:.3f}  eval {acc}  {tok_rate:6.0f} tok/s  "
             f"wire {stats['bytes_on_wire'] / 1e6:6.1f} MB  staleness {last.get('staleness_mean', 0.0):.2f}")
 
 

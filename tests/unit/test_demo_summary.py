@@ -53,3 +53,13 @@ def test_the_real_model_recipe_comes_first_and_the_users_settings_win():
     assert "prompts_per_step=4" in REAL_MODEL_SETTINGS
     every = {s.split("=")[0]: s.split("=")[1] for s in REAL_MODEL_SETTINGS}
     assert every["eval_every_versions"] == every["checkpoint_every_versions"]  # every evaluated version exports
+
+
+def test_the_progress_line_shows_the_reward_over_the_last_eight_steps_weighted_by_their_samples():
+    from engine.swarm.demo import _progress_line
+
+    steps = [{"reward": 1.0, "samples": 8, "staleness_mean": 1.0}] * 2 + [{"reward": 0.0, "samples": 24}] * 8
+    stats = {"evals": [], "steps": steps, "nodes": [], "version": 10, "bytes_on_wire": 0}
+    assert "reward(8) 0.000" in _progress_line(stats, 1.0, 0.0)  # the two old steps fell out of the window
+    stats["steps"] = [{"reward": 1.0, "samples": 8}, {"reward": 0.0, "samples": 24}]
+    assert "reward(8) 0.250" in _progress_line(stats, 1.0, 0.0)  # 8 of 32 samples, not the mean of the means
