@@ -94,9 +94,11 @@ class Swarm:
 
     def peer_id(self, name: str) -> str:
         """The peer id node ``name`` has (its identity is created here first if it has none yet)."""
-        from engine.net.identity import IdentityStoreConfig, load_or_create_identity
+        from engine.net.identity import KEY_FILE_NAME, load_or_create_key_file
 
-        return load_or_create_identity(IdentityStoreConfig(username=name, fallback_dir=self.tmp / name)).peer_id
+        # the node's own key file, written here: an existing file wins over any keyring in the node,
+        # and this process's keyring (usable in some test runs, not in the nodes) must not decide the id
+        return load_or_create_key_file(self.tmp / name / KEY_FILE_NAME, what="test node").peer_id
 
     def stats(self) -> dict | None:
         try:
