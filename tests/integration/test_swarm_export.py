@@ -10,6 +10,7 @@ import pytest
 
 from engine.cli import main
 from tests.integration.swarm_harness import Swarm
+from tests.support.export_logits import model_logits, pipeline_logits
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -21,11 +22,8 @@ RUN = ["prompts_per_step=4", "eval_every_versions=0", "generations_in_flight=2",
 
 
 def test_an_export_of_a_swarm_run_is_the_model_its_stages_served(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from backends.base import OptimizerConfig
-    from engine.model.shard_plan import plan_stages
-    from engine.swarm.stage_runtime import StageRuntime
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
 
     swarm = Swarm(tmp_path, settings=RUN)
     try:
@@ -46,25 +44,10 @@ def test_an_export_of_a_swarm_run_is_the_model_its_stages_served(tmp_path, capsy
     assert summary["version"] == last >= VERSIONS and len(summary["shards"]) == 2
 
     # the pipeline at that version: the nodes' own stage checkpoints, restored as a node restores them
-    specs = plan_stages(2, 2)
-    runtimes = []
-    for spec, stage_file in zip(specs, summary["stage_files"]):
-        rt = StageRuntime("torch", "cpu")
-        rt.load_checkpoint(swarm.checkpoint, spec, OptimizerConfig(), stage_file=stage_file, version=None)
-        assert rt.version == last
-        runtimes.append(rt)
-    ids = np.random.default_rng(0).integers(3, 20, size=(4, 9))
-    x = ids
-    for rt in runtimes:
-        x = rt.forward_only(x)
-        rt.close()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    with torch.no_grad():
-        exported = model(torch.as_tensor(ids)).logits.numpy()
+    x = pipeline_logits(swarm.checkpoint, summary["stage_files"], last)
+    exported = model_logits(out)
     assert np.max(np.abs(exported - x)) <= 1e-5
-    base = transformers.AutoModelForCausalLM.from_pretrained(swarm.checkpoint, dtype=torch.float32)
-    with torch.no_grad():
-        assert np.max(np.abs(base(torch.as_tensor(ids)).logits.numpy() - x)) > 1e-4  # the run trained it
+    assert np.max(np.abs(model_logits(swarm.checkpoint) - x)) > 1e-4  # the run trained it
 
     # `polis eval` of the export (full held-out split) within a point of the swarm's eval of that version
     # (the swarm sends int8 activations between its stages; the export runs in one fp32 process)

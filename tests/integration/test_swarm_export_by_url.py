@@ -12,6 +12,7 @@ import pytest
 
 from engine.cli import main
 from tests.integration.swarm_harness import Swarm
+from tests.support.export_logits import model_logits, pipeline_logits
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -35,11 +36,8 @@ def _unhide(files):
 
 
 def test_an_export_by_coordinator_url_fetches_the_stages_over_webrtc_and_equals_the_local_export(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from backends.base import OptimizerConfig
-    from engine.model.shard_plan import plan_stages
-    from engine.swarm.stage_runtime import StageRuntime
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
 
     swarm = Swarm(tmp_path, settings=RUN)
     by_url, by_checkpoint, local = tmp_path / "by-url", tmp_path / "by-checkpoint", tmp_path / "local"
@@ -92,18 +90,6 @@ def test_an_export_by_coordinator_url_fetches_the_stages_over_webrtc_and_equals_
     assert "fetched over WebRTC (2 of 2 stages)" in (by_url / "README.md").read_text()
 
     # the pipeline at that version, restored from the stages' checkpoints as a node restores them
-    runtimes = []
-    for spec, stage_file in zip(plan_stages(2, 2), summary["stage_files"]):
-        rt = StageRuntime("torch", "cpu")
-        rt.load_checkpoint(swarm.checkpoint, spec, OptimizerConfig(), stage_file=stage_file, version=None)
-        assert rt.version == last
-        runtimes.append(rt)
-    ids = np.random.default_rng(0).integers(3, 20, size=(4, 9))
-    x = ids
-    for rt in runtimes:
-        x = rt.forward_only(x)
-        rt.close()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(by_url), dtype=torch.float32)
-    with torch.no_grad():
-        exported = model(torch.as_tensor(ids)).logits.numpy()
+    x = pipeline_logits(swarm.checkpoint, summary["stage_files"], last)
+    exported = model_logits(by_url)
     assert np.max(np.abs(exported - x)) <= 1e-5
