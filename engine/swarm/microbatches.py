@@ -104,12 +104,10 @@ class MicrobatchDispatcher:
         if not routes:
             return None
         rows = batch.num_rows
-        # each route's share of the rows follows its measured rows per second (engine.swarm.route_weights)
-        plan = self.weights.split_rows(routes, rows, self.micro_batch_rows)
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
         first_route: dict[int, list[str]] = {}
-        if avoid is None:  # rows split by route speed
-            for mb, (start, stop, route) in enumerate(plan):
+        if avoid is None:  # each route's share of the rows follows its measured rows/s (engine.swarm.route_weights)
+            for mb, (start, stop, route) in enumerate(self.weights.split_rows(routes, rows, self.micro_batch_rows)):
                 pending[mb] = (batch.rows(start, stop), 0, start)
                 first_route[mb] = route
         else:  # the audit's pass: each micro-batch on a route that does not end at its rows' generator
