@@ -144,7 +144,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def _table(result: dict[str, Any]) -> str:
+def format_table(result: dict[str, Any]) -> str:
     lines = [f"weight stream, {result['versions']} AdamW steps at lr {result['lr']:g} ({result['encoding']} deltas)",
              "stage  params  dense fp32 B  B/delta  ratio   max step   |trainer-replica| last / all   "
              "bit-exact  no-shadow error"]
@@ -166,8 +166,8 @@ def _table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     result = measure(args)
     if args.json:
-        print(_table(result), file=sys.stderr)
+        print(format_table(result), file=sys.stderr)
         print(json.dumps(result, default=float))
     else:
-        print(_table(result))
+        print(format_table(result))
     return 0 if all(s["replica_equals_shadow_bitwise"] for s in result["stages"]) else 1
