@@ -50,6 +50,24 @@ from engine.swarm.store import Store
 log = logging.getLogger(__name__)
 
 
+Route = tuple[str, ...]
+
+
+def pin_rows(minibatches: Sequence[TrainBatch], proximal: Sequence[np.ndarray],
+             routes: Sequence[Sequence[Route]]) -> tuple[list[TrainBatch], list[np.ndarray], list[list[Route]]]:
+    """Each mini-batch's rows (and their proximal log-probs) ordered by the route that computed
+    those log-probs, with that route per row: under DiLoCo every replica is its own policy
+    between syncs, so a row's update must run on the weights its proximal ``p`` came from
+    (else ``u = exp(logp - p)`` measures how far two replicas drifted apart, not the update)."""
+    out_batches, out_prox, out_routes = [], [], []
+    for mini, prox, rows in zip(minibatches, proximal, routes):
+        order = np.array(sorted(range(len(rows)), key=lambda r: rows[r]), dtype=np.int64)
+        out_batches.append(take_rows(mini, order))
+        out_prox.append(prox[order])
+        out_routes.append([rows[r] for r in order])
+    return out_batches, out_prox, out_routes
+
+
 class StepRunner:
     """Training steps of one run. Lives on the coordinator's event loop."""
 
@@ -144,18 +162,21 @@ class StepRunner:
             return False
         trained_ids = [i for g in plan.trained for i in ids[g]]
         started = time.monotonic()
-        proximal: Sequence[np.ndarray | None] = [None] * len(plan.minibatches)
-        if len(plan.minibatches) > 1:
-            stacked = await self._proximal_pass(
-                self.book.version, plan.minibatches,
-                row_generators(plan.minibatches, plan.minibatch_groups, groups, generators))
-            if stacked is None:
+        minibatches = plan.minibatches
+        proximal: Sequence[np.ndarray | None] = [None] * len(minibatches)
+        pinned: Sequence[Sequence[tuple[str, ...]] | None] = [None] * len(minibatches)
+        if len(minibatches) > 1:
+            passed = await self._proximal_pass(
+                self.book.version, minibatches, row_generators(minibatches, plan.minibatch_groups, groups, generators))
+            if passed is None:
                 return await self._abort(self.book.version, trained_ids)
-            proximal = stacked
-        for m, (mini, prox) in enumerate(zip(plan.minibatches, proximal)):
+            proximal, row_routes = passed
+            if self.run.replica_sync.mode == "diloco":  # routes differ between syncs: train where p came from
+                minibatches, proximal, pinned = pin_rows(minibatches, proximal, row_routes)
+        for m, (mini, prox) in enumerate(zip(minibatches, proximal)):
             step = self.book.version
             pass_started = time.monotonic()
-            ok = await self.microbatches.run(step, mini, prox) is not None
+            ok = await self.microbatches.run(step, mini, prox, pinned=pinned[m]) is not None
             apply_started = time.monotonic()
             ok = ok and await self._apply(step)
             if not ok:
@@ -220,9 +241,10 @@ class StepRunner:
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
         self.step_log.append(entry)
 
-    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch],
-                             generators: list[list[str | None]]) -> list[np.ndarray] | None:
-        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass).
+    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch], generators: list[list[str | None]],
+                             ) -> tuple[list[np.ndarray], list[list[tuple[str, ...]]]] | None:
+        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass),
+        and per row the route that computed them.
 
         Each generator's rows run on a route whose last stage is another node where one exists
         (rows are grouped by generator for that, then put back), and its behaviour log-probs are
@@ -239,12 +261,16 @@ class StepRunner:
             return None
         proximal = np.zeros(stacked.mask.shape, dtype=np.float32)
         checked = np.zeros(len(gens), dtype=bool)
+        routes: list[tuple[str, ...]] = [()] * len(gens)
         for start, logp, route in results:
             rows = order[start:start + logp.shape[0]]
             proximal[rows, :logp.shape[1]] = logp
             checked[rows] = [gens[r] is not None and route[-1] != gens[r] for r in rows]
+            for r in rows:
+                routes[r] = route
         self._audit(stacked, proximal, gens, checked, minibatches, offsets)
-        return [proximal[offsets[m]:offsets[m + 1], :b.inputs.shape[1]] for m, b in enumerate(minibatches)]
+        return ([proximal[offsets[m]:offsets[m + 1], :b.inputs.shape[1]] for m, b in enumerate(minibatches)],
+                [routes[offsets[m]:offsets[m + 1]] for m in range(len(minibatches))])
 
     def _audit(self, stacked: TrainBatch, proximal: np.ndarray, gens: list[str | None], checked: np.ndarray,
                minibatches: list[TrainBatch], offsets: list[int]) -> None:
