@@ -15,7 +15,7 @@ import numpy as np
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
 from engine.swarm.microbatches import MicrobatchDispatcher
-from engine.swarm.step_runner import pin_rows
+from engine.swarm.step_runner import lineage_routes, pin_rows
 from tests.support.recording_links import RecordingLinks
 
 ROUTE_A, ROUTE_B = ("a0", "b0"), ("a1", "b1")
@@ -77,3 +77,10 @@ def test_pinned_rows_are_sent_to_their_route_and_a_gone_route_falls_back_to_a_he
     sent = sent_rows()
     assert sent[ROUTE_A][:1] == [0] and sorted(r for rows in sent.values() for r in rows) == [0, 1, 2, 3, 4]
     assert set(sent) <= {tuple(r) for r in links.routes()} and ROUTE_B not in sent
+
+
+def test_a_rows_lineage_route_is_the_live_route_ending_at_its_generator_unless_the_audit_already_ran_there():
+    routes = [["a0", "b0"], ["a1", "b1"]]
+    gens = ["b0", "b1", None, "b9", "b0"]
+    audited = [ROUTE_B, ROUTE_A, ROUTE_A, ROUTE_A, ROUTE_A]
+    assert lineage_routes(gens, audited, routes) == [ROUTE_A, ROUTE_B, None, None, None]
