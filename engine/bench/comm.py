@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="JSON file the runs are written to after each one; runs already in it are "
                              "not run again (a long bench interrupted goes on where it stopped)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: the table of the runs already in --out (each scheme with the seeds "
+                             "it has there)")
     parser.add_argument("--weights", action="store_true",
                         help="also measure weight-delta bytes per version (tiny base, in process)")
     add_wan_arguments(parser)  # --wan: one more, shorter run per scheme over the emulated internet
@@ -213,8 +216,11 @@ def run(args: argparse.Namespace) -> int:
     schemes, seeds = [_scheme(n.strip()) for n in args.schemes.split(",") if n.strip()], _seeds(args.seeds)
     tmp = Path(tempfile.mkdtemp(prefix="polis-bench-comm-"))
     runs, started = _saved(args), time.monotonic()
-    plan = [(s, seed, None) for s in schemes for seed in seeds] + ([(s, seeds[0], args.wan) for s in schemes]
-                                                                  if args.wan else [])
+    if args.report_only and not args.out:
+        raise SystemExit("--report-only reads the runs of --out FILE; give it")
+    plan = [] if args.report_only else (
+        [(s, seed, None) for s in schemes for seed in seeds] + ([(s, seeds[0], args.wan) for s in schemes]
+                                                                if args.wan else []))
     try:
         for i, (scheme, seed, wan) in enumerate(plan, start=1):
             key = f"{scheme.name}@{wan}" if wan else f"{scheme.name}#{seed}"
@@ -235,7 +241,14 @@ def run(args: argparse.Namespace) -> int:
                   + (f"{pace:.1f} versions/min" if pace else "pace unknown"), file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = [scheme_row(s, [runs[f"{s.name}#{seed}"] for seed in seeds]) for s in schemes]
+    if args.report_only:  # every seed each scheme has in --out
+        have = {s.name: sorted(int(k.split("#")[1]) for k in runs if k.split("#")[0] == s.name and "#" in k)
+                for s in schemes}
+        schemes = [s for s in schemes if have[s.name]]
+        seeds_of = have
+    else:
+        seeds_of = {s.name: seeds for s in schemes}
+    rows = [scheme_row(s, [runs[f"{s.name}#{seed}"] for seed in seeds_of[s.name]]) for s in schemes]
     compare(rows)
     for row in rows:
         wan_run = runs.get(f"{row['scheme']}@{args.wan}") if args.wan else None
@@ -243,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
             "profile": args.wan, "versions": args.wan_versions, "versions_per_min": wan_run["versions_per_min"],
             "update_bytes_per_sample": wan_run["update_bytes"] / max(1, wan_run["curve"][-1]["samples"]),
             "accuracy_final": wan_run["curve"][-1]["accuracy"], "seconds": wan_run["seconds"]}
-    result: dict[str, Any] = {"versions": args.versions, "eval_every": args.eval_every, "seeds": seeds,
+    result: dict[str, Any] = {"versions": args.versions, "eval_every": args.eval_every,
+                              "seeds": sorted({x for v in seeds_of.values() for x in v}),
                               "wan": args.wan, "rows": rows, "contended": bool(args.contended),
                               "seconds": round(time.monotonic() - started, 1),
                               "targets": {"update_reduction_vs_int8_every_step": 50,
