@@ -54,7 +54,7 @@ def test_with_no_misses_the_routes_are_the_membership_routes_and_suspects_are_sp
     health = RouteHealth(links, Counter())
     assert health.routes() == links.routes()
     health.misses.update({"a0": 1, "b0": 1})  # they shared the route that missed
-    assert health.routes() == [["a0", "b2"], ["a1", "b0"], ["a2", "b1"]]  # never again on one route
+    assert health.routes() == [["a0", "b1"], ["a1", "b0"], ["a2", "b2"]]  # never again on one route
     assert health.retry_route(["a0", "b0"], 0) and not {"a0", "b0"} & set(health.retry_route(["a0", "b0"], 0))
 
 
@@ -81,10 +81,87 @@ def test_a_trainer_that_ignores_train_in_costs_one_micro_batch_deadline_and_is_e
 def test_a_late_micro_batch_whose_loss_came_back_blames_only_the_stages_before_the_last():
     links, counters = RecordingLinks.grid(GRID), Counter()
     health = RouteHealth(links, counters)
+    health.answered(["b1"])  # b1 is known to work: a miss beside it can only be a0's
     assert health.missed(["a0", "b0"], "test", cleared=["b0"]) == []
     assert health.misses == Counter({"a0": 1})
     assert health.missed(["a0", "b1"], "test") == ["a0"] and links.evicted[0][0] == "a0"
     assert health.misses == Counter({"b1": 1})
+
+
+def test_suspects_get_routes_of_their_own_when_the_stages_are_of_different_widths():
+    """Two of a 3-replica stage 1 missed with two of a 4-replica stage 0: a clean stage-1 trainer
+    takes each stage-0 suspect, clean stage-0 trainers take the stage-1 suspects (the shifted
+    columns of before put a0 with b1 on one route), and every trainer still serves."""
+    links = RecordingLinks.grid([["a0", "a1", "a2", "a3"], ["b0", "b1", "b2"]])
+    health = RouteHealth(links, Counter())
+    health.misses.update({"a0": 1, "a1": 1, "b1": 1, "b2": 1})
+    routes = health.routes()
+    assert all(sum(1 for p in route if health.misses[p]) == 1 for route in routes), routes
+    assert {p for route in routes for p in route} == {p for ids in links.stages for p in ids}
+    assert health.retry_route(["a1", "b1"], 0) in routes
+
+
+def test_a_trainer_known_to_work_is_not_evicted_for_misses_beside_two_silent_newcomers():
+    """Hostile nodes that join together have never completed a micro-batch: an honest trainer paired
+    with one and then another shares two misses, but neither miss was surely its own. A newcomer
+    is evicted by a second miss beside a trainer that vouched for itself."""
+    links, counters = RecordingLinks.grid([["a0", "a1"], ["b0", "b1", "b2"]]), Counter()
+    health = RouteHealth(links, counters)
+    health.answered(["a0", "a1", "b0"])  # the swarm before the newcomers b1, b2
+    assert health.missed(["a0", "b1"], "test") == []
+    assert health.missed(["a0", "b2"], "test") == []  # a0 has 2 misses, but b2 had never worked
+    assert health.missed(["a1", "b1"], "test") == ["b1"]  # a1 works and had no miss: it was b1
+    assert health.missed(["a1", "b2"], "test") == []  # a1 had just missed (beside b1)
+    health.answered(["a1", "b0"])
+    assert health.missed(["a1", "b2"], "test") == ["b2"]
+    assert [p for p, _ in links.evicted] == ["b1", "b2"] and counters["evicted_trainers"] == 2
+
+
+def test_micro_batches_queued_behind_one_that_missed_are_retried_at_once_without_a_miss_of_their_own():
+    """A pass of 4 micro-batches over the routes of one stage [a0], [a1], a0 silent: both of a0's
+    wait on the same silent trainer, so the pass costs one deadline and a0 one miss (it was
+    waiting one deadline per micro-batch queued there, counting a miss for each)."""
+    links, counters = RecordingLinks.grid([["a0", "a1"]]), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=1, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+
+    def answer(peer, message):
+        if isinstance(message, messages.TrainOut) and "a0" not in message.route:
+            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
+                                                 messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+
+    async def one_pass():
+        started = time.monotonic()
+        assert await dispatcher.run(0, _batch(rows=4), None) == []
+        return time.monotonic() - started
+    seconds = asyncio.run(one_pass())
+    assert seconds < 1.5 * MB_TIMEOUT_S, seconds
+    assert counters["missed_deadlines"] == 1 and counters["retried_microbatches"] == 2
+    assert dispatcher.health.misses == Counter({"a0": 1}) and not links.evicted
+
+
+def test_honest_trainers_paired_with_two_silent_replicas_of_a_stage_keep_their_places():
+    """The shape of the real-process test's hostile phase: stage 1 holds one honest and two silent
+    replicas, stage 0 four honest ones, and each route has micro-batches queued on it. Only the
+    silent two are evicted (the honest trainers they were first paired with were evicted too)."""
+    links, counters = RecordingLinks.grid([["a0", "a1", "a2", "a3"], ["b0", "b1", "b2"]]), Counter()
+    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
+                                      mb_timeout_s=MB_TIMEOUT_S)
+    dispatcher.health.answered(["a0", "a1", "a2", "a3", "b0"])  # they trained before b1, b2 joined
+    silent = {"b1", "b2"}
+
+    def answer(peer, message):
+        if isinstance(message, messages.TrainOut) and not silent & set(message.route):
+            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
+                                                 messages.MbDone(step=message.step, mb=message.mb))
+    links.on_send = answer
+
+    async def passes():
+        return [await dispatcher.run(step, _batch(rows=16), None) for step in range(4)]
+    results = asyncio.run(passes())
+    assert sorted(p for p, _ in links.evicted) == ["b1", "b2"], links.evicted
+    assert results[-1] == []
 
 
 def test_a_pass_whose_every_route_is_silent_fails_at_its_attempts_not_at_the_step_deadline():
