@@ -247,3 +247,139 @@ def test_micro_batches_queued_on_one_route_get_a_deadline_each_so_a_slow_but_ste
     assert asyncio.run(one_pass()) == []
     assert sorted(answered) == [0, 1, 2, 3]  # each sent once: no micro-batch was re-dispatched
     assert counters["missed_deadlines"] == 0 and not links.evicted
+
+
+class _FakeStage:
+    """A stage runtime with a fixed gradient; ``apply`` records the aggregate it was given."""
+
+    tied_names: tuple = ()
+
+    def __init__(self) -> None:
+        self.version, self.applied = 0, []
+
+    def grads(self):
+        return {"w": np.ones((4, 4), np.float32)}
+
+    def apply(self, grads, max_norm, version, *rest):
+        self.applied.append(grads)
+        self.version = version
+        return 1.0
+
+    def state_dict(self):
+        return {"w": np.zeros((4, 4), np.float32)}
+
+
+class _Peers:
+    """Sends to ``stalled`` never return (its SCTP takes nothing in); the rest are recorded."""
+
+    def __init__(self, stalled: set[str]) -> None:
+        self.stalled, self.sent = stalled, []
+
+    async def send(self, peer, header, payload=b"", channel="control"):
+        if peer in self.stalled:
+            await asyncio.Event().wait()
+        self.sent.append(peer)
+
+
+def _apply_among(replicas: list[str], shares: list[float], stalled: set[str], share_from: list[str]):
+    """Replica "me" of stage 0 applies step 0 among ``replicas`` with ``shares``; the replicas in
+    ``share_from`` sent their share first. Returns (seconds, what it sent the coordinator, peers sent to)."""
+    from backends.base import StageSpec
+    from engine.swarm import tensor_bundle
+    from engine.swarm.compute_thread import ComputeThread
+    from engine.swarm.node_context import HeldStage, NodeContext
+    from engine.swarm.replica_step import ReplicaStep
+    from engine.swarm.replica_sync import ReplicaCompressor
+    from engine.swarm.run_config import RunConfig
+
+    compute, peers, reports = ComputeThread(), _Peers(stalled), []
+
+    class Coordinator:
+        async def send(self, message):
+            reports.append(message)
+
+    ctx = NodeContext(peer_id="me", role="trainer", compute=compute, peers=peers, coordinator=Coordinator(),
+                      stage=HeldStage(rt=_FakeStage(), spec=StageSpec(0, 2, 0, 1), run_cfg=RunConfig()))
+    ctx.membership.update([list(replicas), ["b0"]], [])
+
+    async def release(step):
+        return None
+    rs = ReplicaStep(ctx, share_timeout_s=3.0, data_dir=None, release_through=release, after_step=lambda m: None)
+    rs.new_weights(fresh=True)
+    encoded, _ = ReplicaCompressor("int8", 0.02).compress(_FakeStage().grads())
+    entries, payload = tensor_bundle.pack(encoded)
+    for peer in share_from:
+        rs.on_share(peer, messages.Share(step=0, tensors=tensor_bundle.wire_entries(entries)), payload)
+
+    async def main():
+        started = time.monotonic()
+        await rs._apply(messages.Apply(step=0, version=1, replicas=list(replicas), leader="me", checkpoint=False,
+                                       token_shares=list(shares), inference=[]))
+        seconds = time.monotonic() - started
+        await ctx.tasks.cancel_all()
+        return seconds
+    try:
+        seconds = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        compute.stop()
+    return seconds, reports, peers.sent
+
+
+def test_a_replica_that_stopped_draining_holds_only_its_own_share_not_the_step():
+    """Our share to a replica whose SCTP takes nothing in is sent in the background: the step goes
+    on with the shares that came (it used to wait for every send first, up to the link's 120 s)."""
+    seconds, reports, sent = _apply_among(["me", "honest", "stall"], [0.5, 0.5, 0.0], stalled={"stall"},
+                                          share_from=["honest"])
+    assert seconds < 1.0, seconds
+    assert [type(m).__name__ for m in reports] == ["Stepped"] and sent == ["honest"]
+
+
+def test_a_replica_that_trained_nothing_is_not_waited_for_its_share():
+    """``apply`` gives it no token share, so the aggregate leaves it out: waiting for its share (a
+    node that ignores train_in, or never reads its socket) only cost the step the share deadline."""
+    seconds, reports, _ = _apply_among(["me", "honest", "idle"], [0.5, 0.5, 0.0], stalled=set(),
+                                       share_from=["honest"])
+    assert seconds < 1.0, seconds
+    assert [type(m).__name__ for m in reports] == ["Stepped"]
+    seconds, _, _ = _apply_among(["me", "honest", "idle"], [0.4, 0.4, 0.2], stalled=set(), share_from=["honest"])
+    assert seconds >= 3.0  # a replica with a share is waited for, to the share deadline
+
+
+def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micro_batch_deadline(tmp_path):
+    import json
+
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.coordinator import Coordinator, CoordinatorConfig, NodeSession
+    from engine.swarm.run_config import RunConfig
+
+    c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
+                                      num_stages=2, step_timeout_s=STEP_TIMEOUT_S,
+                                      run=RunConfig(microbatch_timeout_s=MB_TIMEOUT_S)))
+
+    class Ws:
+        closed = False
+
+        def __init__(self, peer):
+            self.peer = peer
+
+        async def send_str(self, text):
+            message = json.loads(text)
+            if message["type"] == "apply" and self.peer != "a1":  # a1 reads nothing (and trained nothing)
+                asyncio.get_running_loop().call_soon(c.steps.on_stepped, self.peer, messages.Stepped(
+                    step=message["step"], version=message["version"], grad_norm=0.0, checksum=1.0,
+                    update_bytes=0, dense_bytes=0, checkpoint_path=None))
+    for peer, stage in (("a0", 0), ("a1", 0), ("b0", 1)):
+        c.sessions[peer] = NodeSession(peer, Ws(peer), "torch", "cpu", stage=stage, ready=True)
+    c.steps.microbatches.trained_tokens.update({"a0": 10, "b0": 10})
+
+    async def apply():
+        started = time.monotonic()
+        ok = await c.steps._apply(0)
+        return ok, time.monotonic() - started
+    try:
+        ok, seconds = asyncio.run(apply())
+    finally:
+        c.store.close()
+    assert ok and c.book.version == 1
+    assert MB_TIMEOUT_S <= seconds < 3 * MB_TIMEOUT_S, seconds  # not the 30 s step deadline
+    assert c.steps.microbatches.health.misses == Counter({"a1": 1})
