@@ -13,7 +13,8 @@ exists (every route of a fresh swarm holds a silent one), nobody is evicted for 
 :meth:`RouteHealth.routes` isolates suspects (trainers with misses): each gets a route of its
 own whose other stages are clean trainers, where the stages hold enough of them; with no
 suspects the routes are exactly ``NodeLinks.routes()`` (route r takes replica r of every stage).
-A retried micro-batch goes to the route that shares the fewest trainers with the one that missed.
+A retried micro-batch goes, stage by stage, to a trainer off the route that missed, with the
+fewest misses, known to work where one is.
 
 What it does not know: micro-batches' contents, steps, websockets, why a trainer is silent.
 """
@@ -76,15 +77,19 @@ class RouteHealth:
         return routes
 
     def retry_route(self, missed: Sequence[str], turn: int) -> list[str] | None:
-        """The route for a micro-batch that failed on ``missed``: fewest shared trainers, then
-        fewest misses; ``turn`` breaks ties (so successive retries rotate)."""
-        routes = self.routes()
-        if not routes:
+        """The route for a micro-batch that failed on ``missed``: per stage, a trainer not on it,
+        then with the fewest misses, then one known to work (newcomers are tried on first attempts,
+        not on retries); ``turn`` breaks ties (so successive retries rotate)."""
+        replicas = self.links.stage_replicas()
+        if not replicas or not all(replicas):
             return None
         failed = set(missed)
-        ranked = sorted(range(len(routes)), key=lambda i: (
-            len(failed & set(routes[i])), sum(self.misses[p] for p in routes[i]), (i - turn) % len(routes)))
-        return routes[ranked[0]]
+        route = []
+        for ids in replicas:
+            ranked = sorted(range(len(ids)), key=lambda j: (
+                ids[j] in failed, self.misses[ids[j]], ids[j] not in self.proven, (j - turn) % len(ids)))
+            route.append(ids[ranked[0]])
+        return route
 
     def answered(self, peers: Iterable[str]) -> None:
         """These trainers completed a micro-batch: their misses start over, and they are known to work."""

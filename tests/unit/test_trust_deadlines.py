@@ -98,7 +98,6 @@ def test_suspects_get_routes_of_their_own_when_the_stages_are_of_different_width
     routes = health.routes()
     assert all(sum(1 for p in route if health.misses[p]) == 1 for route in routes), routes
     assert {p for route in routes for p in route} == {p for ids in links.stages for p in ids}
-    assert health.retry_route(["a1", "b1"], 0) in routes
 
 
 def test_a_trainer_known_to_work_is_not_evicted_for_misses_beside_two_silent_newcomers():
@@ -115,6 +114,19 @@ def test_a_trainer_known_to_work_is_not_evicted_for_misses_beside_two_silent_new
     health.answered(["a1", "b0"])
     assert health.missed(["a1", "b2"], "test") == ["b2"]
     assert [p for p, _ in links.evicted] == ["b1", "b2"] and counters["evicted_trainers"] == 2
+
+
+def test_a_retry_goes_to_trainers_known_to_work_rather_than_to_newcomers():
+    """Three newcomers joined a 2x2 swarm; a route through one of them missed: the retry takes
+    trainers that have worked, whatever the turn (it took one of the routes, and a route through
+    two newcomers missed too and failed the pass)."""
+    links = RecordingLinks.grid([["a0", "a1", "n0", "n1"], ["b0", "b1", "n2"]])
+    health = RouteHealth(links, Counter())
+    health.answered(["a0", "a1", "b0", "b1"])
+    health.misses.update({"a0": 1, "n2": 1})
+    retries = [health.retry_route(["a0", "n2"], turn) for turn in range(4)]
+    assert all(r[0] == "a1" and r[1] in ("b0", "b1") for r in retries), retries
+    assert {r[1] for r in retries} == {"b0", "b1"}  # successive retries rotate among them
 
 
 def test_micro_batches_queued_behind_one_that_missed_are_retried_at_once_without_a_miss_of_their_own():
@@ -383,3 +395,61 @@ def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micr
     assert ok and c.book.version == 1
     assert MB_TIMEOUT_S <= seconds < 3 * MB_TIMEOUT_S, seconds  # not the 30 s step deadline
     assert c.steps.microbatches.health.misses == Counter({"a1": 1})
+
+
+def test_a_micro_batch_re_dispatched_to_a_first_stage_still_holding_its_first_try_replaces_it():
+    """The first try of micro-batch 3:1 went [a0, silent]; the coordinator retries it on [a0, b1].
+    a0 frees the first try's activations and forwards the retry (it used to refuse it, "training
+    key '3:1' is already in flight", and the coordinator quarantined the step's rollouts)."""
+    from backends.base import BackendError, StageSpec
+    from engine.swarm.compute_thread import ComputeThread
+    from engine.swarm.node_context import HeldStage, NodeContext
+    from engine.swarm.run_config import RunConfig
+    from engine.swarm.training import Training
+
+    class Stage:  # the backend's rule for keys: one forward per key until released or backpropagated
+        vocab_size, version = 100, 0
+
+        def __init__(self):
+            self.keys = set()
+
+        def train_forward(self, key, x):
+            if key in self.keys:
+                raise BackendError(f"training key '{key}' is already in flight")
+            self.keys.add(key)
+            return np.zeros((*x.shape, 4), np.float32)
+
+        def release(self, key):
+            self.keys.discard(key)
+
+    class Peers:
+        def __init__(self):
+            self.sent = []
+
+        async def send(self, peer, header, payload=b"", channel="control"):
+            self.sent.append((peer, header.route))
+
+    class Coordinator:
+        def __init__(self):
+            self.sent = []
+
+        async def send(self, message):
+            self.sent.append(message)
+
+    compute, peers, coordinator, stage = ComputeThread(), Peers(), Coordinator(), Stage()
+    ctx = NodeContext(peer_id="a0", role="trainer", compute=compute, peers=peers, coordinator=coordinator,
+                      stage=HeldStage(rt=stage, spec=StageSpec(0, 2, 0, 1), run_cfg=RunConfig()))
+    training = Training(ctx)
+
+    async def main():
+        for route in (["a0", "silent"], ["a0", "b1"]):
+            training.on_train_in(messages.TrainIn(step=3, mb=1, route=route, inputs=[[1, 2, 3]]))
+            while ctx.tasks.pending():
+                await asyncio.sleep(0.01)
+    try:
+        asyncio.run(asyncio.wait_for(main(), 10))
+    finally:
+        compute.stop()
+    assert coordinator.sent == []  # no mb_failed
+    assert peers.sent == [("silent", ["a0", "silent"]), ("b1", ["a0", "b1"])]
+    assert stage.keys == {"3:1"} and training._routes["3:1"] == ["a0", "b1"]  # a gradient comes back on the retry's
