@@ -141,9 +141,11 @@ class ReplicaStep:
             agg = await ctx.compute.run(scale_grads, grads, 1 / own_share if own_share else len(msg.replicas))
         elif others:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
-            # a replica that trained none of the step's tokens is left out of the aggregate: not waited for
+            # a replica that trained none of the step's tokens is left out of the aggregate: not waited
+            # for, and (when it is us) sends nothing, which would only reach replicas that have stepped
             contributors = [p for p in others if shares is None or shares.get(p, 0.0) > 0]
-            contributions, update_bytes = await self._exchange(step, encoded, own, others, "gradient",
+            send_to = others if shares is None or shares.get(ctx.peer_id, 0.0) > 0 else []
+            contributions, update_bytes = await self._exchange(step, encoded, own, send_to, "gradient",
                                                                wait_for=contributors)
             agg = await ctx.compute.run(partial(aggregate, shares=shares), contributions)
         else:

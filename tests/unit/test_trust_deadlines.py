@@ -355,6 +355,10 @@ def test_a_replica_that_trained_nothing_is_not_waited_for_its_share():
     assert [type(m).__name__ for m in reports] == ["Stepped"]
     seconds, _, _ = _apply_among(["me", "honest", "idle"], [0.4, 0.4, 0.2], stalled=set(), share_from=["honest"])
     assert seconds >= 3.0  # a replica with a share is waited for, to the share deadline
+    # when we trained nothing we send nothing (it would reach replicas that stepped: a strike each)
+    seconds, reports, sent = _apply_among(["me", "honest", "other"], [0.0, 0.5, 0.5], stalled=set(),
+                                          share_from=["honest", "other"])
+    assert seconds < 1.0 and sent == [] and [type(m).__name__ for m in reports] == ["Stepped"]
 
 
 def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micro_batch_deadline(tmp_path):
