@@ -84,6 +84,7 @@ class TurnJob:
     keep: bool = False  #: the stages keep their caches after this turn
     prompts: list[str] = field(default_factory=list)  #: a first turn: its prompts (re-queued if it fails)
     dispatched: float = field(default_factory=time.monotonic)
+    hedged: bool = False  #: a duplicate was started once (a job is hedged at most once)
 
 
 @dataclass

@@ -9,7 +9,10 @@ itself (a route's trainers work through them in turn); the whole pass has one to
 route breaks — a node leaves, reports ``mb_failed``, cannot be reached, or misses the
 micro-batch deadline — is retried on another route (``engine.swarm.route_health`` picks it, and
 counts misses: a trainer that stays silent is evicted after a few, so it costs the run a
-micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. Each route's
+micro-batch deadline or two, not every step), up to ``MAX_MB_ATTEMPTS`` tries. When one misses
+its deadline, those queued behind it on that route are retried at once, without a miss of their
+own (they wait on the same silent hop: one silent trainer costs a pass one deadline, and its
+honest partner one miss, not one per micro-batch queued there). Each route's
 share of a pass's rows follows its measured rows per second (``engine.swarm.route_weights``), so a
 slow trainer gets fewer rows instead of holding the pass; the tokens each trainer trained are
 counted (``take_trained_tokens``) for the step's ``apply``, whose aggregation weighs replicas by them. ``last_refused``
@@ -170,10 +173,16 @@ class MicrobatchDispatcher:
                 await asyncio.wait(futures, timeout=max(0.0, min(deadline, due) - now),
                                    return_when=asyncio.FIRST_COMPLETED)
                 now = time.monotonic()
+                broken = set()  #: routes with a micro-batch that just missed its deadline
                 for mb in pending:
                     late = waiting_for(mb)
                     if not late.future.done() and now >= late.due:
                         late.future.set_result(("late", f"no answer within {self.mb_timeout_s:g} s"))
+                        broken.add(late.route)
+                for mb in pending:  # those queued behind it there wait on the same silent hop: retried now,
+                    behind = waiting_for(mb)  # not counted as misses of their own
+                    if not behind.future.done() and behind.route in broken:
+                        behind.future.set_result(("failed", "queued behind a micro-batch that missed its deadline"))
                 retries = []  # every outcome is recorded first, so a retry avoids every trainer that just missed
                 for mb in [m for m in pending if waiting_for(m).future.done()]:
                     finished = waiting_for(mb)

@@ -9,7 +9,8 @@ status - that never reach into each other's attributes. They share one
 * who else is in the swarm (:class:`Membership`),
 * the :class:`~engine.swarm.compute_thread.ComputeThread` (every tensor call),
 * a :class:`TaskSpawner` (every task named, failures logged, all cancelled at stop),
-* a :class:`PeerSender` (messages to peers, each with a deadline) and a
+* a :class:`PeerSender` (messages to peers, each with a deadline; ``send_to_each`` for one message
+  to several without waiting on the slowest) and a
   :class:`CoordinatorSender` (messages to the coordinator; dropped while it is away),
 * a :class:`WeightsInbox` (the one ``weights`` answer a node waits for at a time),
 * the ticket checker (``engine.swarm.tickets``) once a welcome gave the coordinator's key.
@@ -184,6 +185,18 @@ class NodeContext:
                                                                 "microbatches_trained": 0.0})
     #: something a user sees changed (stage, version, peers): emit a status event
     on_status: Callable[[], None] = lambda: None
+
+    def send_to_each(self, peers: list[str], header: PeerMessage, payload: bytes, *, what: str, name: str) -> None:
+        """Send ``header`` to each of ``peers`` in a task of its own (named ``name``-peer): one whose
+        link stopped draining holds its own send (to the link's deadline, then a warning), never
+        the caller, who goes on to wait for the others' answers to its own deadline."""
+        async def one(peer: str) -> None:
+            try:
+                await self.peers.send(peer, header, payload)
+            except Exception as exc:  # noqa: BLE001 - NetError, LinkClosed, TimeoutError: the peer's loss
+                log.warning("could not send our %s to %s: %s", what, peer, exc)
+        for peer in peers:
+            self.tasks.spawn(one(peer), f"{name}-{peer[:8]}")
 
     def stage_members(self) -> list[str]:
         """Every member (trainer or inference replica) of the stage we hold."""

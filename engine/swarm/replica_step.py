@@ -2,7 +2,9 @@
 
 On ``apply`` (from the coordinator, naming the stage's trainers) each trainer compresses its
 accumulated gradient (``engine.swarm.replica_sync``), sends it to the other trainers (``share``),
-waits for theirs up to ``share_timeout_s`` (a replica that left the stage is not waited for),
+waits for theirs up to ``share_timeout_s`` (a replica that left the stage is not waited for, nor
+one that ``apply`` gives no token share: it trained nothing, the aggregate leaves it out; and our
+sends go out in the background, so one replica that stopped draining cannot hold the others),
 aggregates identically to every other replica (weighted by each replica's token share when
 ``apply`` names unequal ones); the first and the last stage of a tied-embedding model then sum
 their gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
@@ -139,7 +141,12 @@ class ReplicaStep:
             agg = await ctx.compute.run(scale_grads, grads, 1 / own_share if own_share else len(msg.replicas))
         elif others:
             encoded, own = await ctx.compute.run(self._compressor.compress, grads)
-            contributions, update_bytes = await self._exchange(step, encoded, own, others, "gradient")
+            # a replica that trained none of the step's tokens is left out of the aggregate: not waited
+            # for, and (when it is us) sends nothing, which would only reach replicas that have stepped
+            contributors = [p for p in others if shares is None or shares.get(p, 0.0) > 0]
+            send_to = others if shares is None or shares.get(ctx.peer_id, 0.0) > 0 else []
+            contributions, update_bytes = await self._exchange(step, encoded, own, send_to, "gradient",
+                                                               wait_for=contributors)
             agg = await ctx.compute.run(partial(aggregate, shares=shares), contributions)
         else:
             agg = grads
@@ -181,19 +188,16 @@ class ReplicaStep:
         return nbytes
 
     async def _exchange(self, key: int, encoded: dict, own: dict[str, Any], others: list[str],
-                        what: str) -> tuple[dict[str, dict[str, Any]], int]:
-        """Send our encoded share (``share`` keyed by ``key``) to ``others``, wait for theirs (to the
-        share deadline) and decode them: every usable contribution, ours included, and our bytes."""
+                        what: str, wait_for: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], int]:
+        """Send our encoded share (``share`` keyed by ``key``) to ``others`` (in the background: a
+        replica that stopped draining cannot hold the step), wait for the shares of ``wait_for``
+        (default: ``others``) to the share deadline and decode them: every usable contribution,
+        ours included, and our bytes."""
         ctx = self.ctx
         entries, payload = tensor_bundle.pack(encoded)
         share = Share(step=key, tensors=tensor_bundle.wire_entries(entries))
-        loop = asyncio.get_running_loop()
-        sends = [loop.create_task(ctx.peers.send(p, share, payload), name=f"polis-share-{key}-{p[:8]}")
-                 for p in others]
-        for peer, result in zip(others, await asyncio.gather(*sends, return_exceptions=True)):
-            if isinstance(result, Exception):
-                log.warning("could not send our %s to replica %s: %s", what, peer, result)
-        received = await self._await_shares(key, others)
+        ctx.send_to_each(others, share, payload, what=what, name=f"polis-share-{key}")
+        received = await self._await_shares(key, others if wait_for is None else wait_for)
         shapes = {name: a.shape for name, a in own.items()}
         contributions = {ctx.peer_id: own}
         for peer, (peer_entries, peer_payload) in received.items():

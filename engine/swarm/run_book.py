@@ -63,6 +63,9 @@ class RunBook:
         #: the version trainers were told to step to when this coordinator last stopped without
         #: learning that they did (None: no step was in doubt); see :meth:`roll_forward`
         self.unconfirmed: int | None = applying if applying == self.version + 1 else None
+        #: the highest version trainers were told to step to by this coordinator (results of it are
+        #: honest while 'stepped' is on its way: nodes step before the coordinator records the version)
+        self.applying: int = self.version
         #: event counts shown in the stats API (failed_jobs, dropped_stale, resyncs, ...)
         self.counters: Counter[str] = Counter()
 
@@ -92,6 +95,7 @@ class RunBook:
         weights for lost and pause the run for good (durable like the version itself).
         """
         self.store.set_meta("applying", int(version))
+        self.applying = max(self.applying, int(version))
 
     def roll_forward(self) -> int:
         """Adopt the version that was in doubt at restart (a rejoining trainer holds it); the new version.

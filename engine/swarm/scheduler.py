@@ -139,11 +139,13 @@ class GenerationScheduler:
         wins (``on_gen_done``), the other is cancelled and never reaches the buffer."""
         now = time.monotonic()
         for job in [j for j in self.jobs.values() if j.job not in self._twins and j.turn == 0 and not j.keep
-                    and self.weights.is_straggler(j.route, now - j.dispatched)]:
+                    and not j.hedged and self.weights.is_straggler(j.route, now - j.dispatched)]:
             route = self.weights.hedge_route(job.route, routes)
             if route is None:
                 return
-            twin = TurnJob(self._next_job_id(job.kind), route, job.kind, job.rows, prompts=job.prompts)
+            # once: a twin that failed (refused, its node left) is not replaced every tick
+            job.hedged = True
+            twin = TurnJob(self._next_job_id(job.kind), route, job.kind, job.rows, prompts=job.prompts, hedged=True)
             self.jobs[twin.job] = twin
             self._twins[job.job], self._twins[twin.job] = twin.job, job.job
             load[tuple(route)] += 1
@@ -240,7 +242,9 @@ class GenerationScheduler:
             self._fail_job(job.job, "malformed result")
             return
         try:
-            checked = check_result(m.tokens, m.logprobs, m.versions, self.limits, self.book.version)
+            # trainers that stepped report the version being applied before the coordinator records it
+            checked = check_result(m.tokens, m.logprobs, m.versions, self.limits,
+                                   max(self.book.version, self.book.applying))
         except RefusedResult as exc:
             self.book.counters["refused_results"] += 1
             self.flagged[sender] += 1  # the last stage sampled it

@@ -17,8 +17,9 @@
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
    rule — and steps; the stage leader the links name streams weight deltas to the inference
-   replicas); once ``stepped`` comes back the version advances and is recorded, and each
-   stage's full-weight digests go to the links' majority vote.
+   replicas); once ``stepped`` comes back (a trainer that trained none of the step's tokens is
+   waited for one micro-batch deadline after the others, not the step's) the version advances
+   and is recorded, and each stage's full-weight digests go to the links' majority vote.
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -355,12 +356,18 @@ class StepRunner:
                 if await self.links.send(peer, apply):
                     expected.add(peer)
         deadline = time.monotonic() + self.step_timeout_s
+        #: trainers whose gradient is in the step; once they all stepped, one that trained nothing
+        #: (its replicas did not wait for its share either) gets one micro-batch deadline more
+        contributors = {p for p in expected if trained[p] > 0}
         while True:
             got = self._stepped.get(step, {})
             alive = {p for replicas in self.links.stage_replicas() for p in replicas}
             waiting = (expected & alive) - set(got)
             if not waiting:
                 break
+            if contributors and not waiting & contributors:
+                deadline = min(deadline, time.monotonic() + self.microbatches.mb_timeout_s)
+                contributors = set()
             if time.monotonic() >= deadline:
                 log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
                 for peer in sorted(waiting):  # one trainer each: no doubt who was silent

@@ -101,13 +101,7 @@ class TiedSync:
         entries, payload = await ctx.compute.run(tensor_bundle.pack_arrays, {n: grads[n] for n in names})
         message = TiedGrad(step=step, stage=ctx.stage.spec.stage_index, rest_sq_norm=own_rest,
                            tensors=tensor_bundle.wire_entries(entries))
-        peers = self._trainers(other)
-        loop = asyncio.get_running_loop()
-        sends = [loop.create_task(ctx.peers.send(p, message, payload), name=f"polis-tied-{step}-{p[:8]}")
-                 for p in peers]
-        for peer, result in zip(peers, await asyncio.gather(*sends, return_exceptions=True)):
-            if isinstance(result, Exception):
-                log.warning("could not send the tied gradient to %s: %s", peer, result)
+        ctx.send_to_each(self._trainers(other), message, payload, what="tied gradient", name=f"polis-tied-{step}")
         received = await self._await(step)
         self._inbox = {s: v for s, v in self._inbox.items() if s > step}
         if received is None:

@@ -11,7 +11,9 @@ stage 0 reports ``mb_done``. A *proximal* pass (``prox``: forward only, key
 
 Gradients stay accumulated on the backend until the step is applied
 (``engine.swarm.replica_step``) or aborted. A failing micro-batch is reported
-(``mb_failed``) and its activations freed.
+(``mb_failed``) and its activations freed. A micro-batch the coordinator re-dispatched to us
+on another route while we still hold its first try (its downstream went silent) replaces
+that try: its activations are freed, not the new try refused.
 
 What it does not know: rewards or advantages (they arrive computed), the
 optimiser step, replicas, links.
@@ -127,10 +129,17 @@ class Training:
         rt = self.ctx.stage.rt
         if prox:
             return lambda _key, x: rt.forward_only(x)
+        again = key in self._keys  # the coordinator re-dispatched it here, its first try still held
         self._keys.add(key)
         self._routes = {k: r for k, r in self._routes.items() if k in self._keys}
         self._routes[key] = list(route)
-        return rt.train_forward
+        if not again:
+            return rt.train_forward
+
+        def forward_again(k: str, x):
+            rt.release(k)  # that try's gradient will not come (or comes along its old route: refused)
+            return rt.train_forward(k, x)
+        return forward_again
 
     async def _first(self, msg: TrainIn) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt

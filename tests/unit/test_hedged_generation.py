@@ -115,3 +115,21 @@ def test_a_job_within_its_routes_expected_time_is_not_hedged(parts):
         job.dispatched -= 2.0  # past 1 s, but within 3 x 1 s and the 5 s minimum
     asyncio.run(generation.fill())
     assert len(links.sent) == sent and generation.book.counters["hedged_jobs"] == 0
+
+
+def test_a_job_whose_twin_failed_is_not_hedged_again_every_tick(parts):
+    """The twin was refused at once (a real run: 46 twins of one job in a second, one per tick, on
+    the same route); the job carries its rows alone and is not hedged a second time."""
+    generation, links, codec, store = parts
+    asyncio.run(generation.fill())
+    slow_job = next(g for g in _gens(links) if g.route == SLOW)
+    _straggle(generation, slow_job.job)
+    asyncio.run(generation.fill())
+    twin = _gens(links)[-1]
+    generation.on_job_failed(FAST[0], twin.job, "refused")
+    for _ in range(3):
+        asyncio.run(generation.fill())
+    assert generation.book.counters["hedged_jobs"] == 1
+    assert [g.job for g in _gens(links) if g.prompt_ids == slow_job.prompt_ids] == [slow_job.job, twin.job]
+    generation.on_gen_done(SLOW[-1], _answer(codec, slow_job))
+    assert generation.received_rollouts == 4

@@ -107,3 +107,26 @@ def test_a_batch_that_failed_for_a_lost_node_gets_one_more_try_then_is_quarantin
     assert store.rollout_counts() == {"ready": 4}  # an honest failure: the rollouts stay
     assert asyncio.run(steps.maybe_train()) is False
     assert store.rollout_counts() == {"quarantined": 4} and steps.book.counters["aborted_steps"] == 2
+
+
+def test_a_result_of_the_version_being_applied_is_taken_while_stepped_is_on_its_way(parts):
+    """Trainers step before the coordinator records the version: a job one of them sampled at
+    that version in between is honest (it was refused as "newer than the run's", 45 in one run);
+    one version further is still refused."""
+    generation, steps, store, links, codec, task = parts
+    asyncio.run(generation.fill())
+    jobs = [m for _, m in links.sent if isinstance(m, messages.Gen)]
+    generation.book.begin_apply(1)  # told to step to 1; no 'stepped' yet, the book still says 0
+    rows = len(jobs[0].prompt_ids)
+    done = messages.GenDone(job=jobs[0].job, tokens=[codec.encode("2") + [codec.eos_id]] * rows,
+                            logprobs=[[-0.1, -0.1]] * rows, versions=[1, 1])
+    generation.on_gen_done(ROUTE[1], done)
+    assert generation.book.counters["refused_results"] == 0 and generation.received_rollouts == rows
+    assert generation.book.version == 0
+    links.sent.clear()
+    asyncio.run(generation.fill())
+    job = next(m for _, m in links.sent if isinstance(m, messages.Gen))
+    ahead = messages.GenDone(job=job.job, tokens=[codec.encode("2") + [codec.eos_id]] * len(job.prompt_ids),
+                             logprobs=[[-0.1, -0.1]] * len(job.prompt_ids), versions=[2, 2])
+    generation.on_gen_done(ROUTE[1], ahead)
+    assert generation.book.counters["refused_results"] == 1
