@@ -21,12 +21,13 @@ def print_table(result: dict[str, Any], out: TextIO) -> None:
     seeds = result.get("seeds") or [0]
     print(f"{result['versions']} versions per run, seeds {','.join(map(str, seeds))}"
           + (" (contended: wall clock not comparable)" if result.get("contended") else ""), file=out)
-    header = (f"{'scheme':<28} {'seeds':>5} {'upd B/sample':>12} {'vs int8':>8} {'other B/s':>10} {'acc':>6} {'gap':>6} "
-              f"{'mean gap':>8} {'v/min':>6}" + (f" {wan[:10] + ' v/min':>16}" if wan else "") + "  target")
+    header = (f"{'scheme':<28} {'seeds':>5} {'upd B/sample':>12} {'vs int8':>8} {'other B/s':>10} {'acc':>6} "
+              f"{'gap':>6} {'mean gap':>8} {'v/min':>6}" + (f" {wan[:10] + ' v/min':>16}" if wan else "") + "  target")
     print(header, file=out)
     for r in result["rows"]:
         red = r.get("update_reduction_vs_int8_every_step")
-        line = (f"{r['scheme']:<28} {len(r.get('seeds') or [0]):>5} {r['update_bytes_per_sample']:>12.1f} {(f'{red:.0f}x' if red else '-'):>8} "
+        line = (f"{r['scheme']:<28} {len(r.get('seeds') or [0]):>5} {r['update_bytes_per_sample']:>12.1f} "
+                f"{(f'{red:.0f}x' if red else '-'):>8} "
                 f"{r['other_wire_bytes_per_sample']:>10.0f} {r['accuracy_final']:>6.3f} "
                 f"{_fmt(r.get('accuracy_gap_points_vs_dense'), '+.1f'):>6} "
                 f"{_fmt(r.get('accuracy_gap_points_vs_dense_mean'), '+.1f'):>8} "
