@@ -27,7 +27,7 @@ def print_table(result: dict[str, Any], out: TextIO) -> None:
     for r in result["rows"]:
         red = r.get("update_reduction_vs_int8_every_step")
         line = (f"{r['scheme']:<28} {len(r.get('seeds') or [0]):>5} {r['update_bytes_per_sample']:>12.1f} "
-                f"{(f'{red:.0f}x' if red else '-'):>8} "
+                f"{(f'{red:.3g}x' if red else '-'):>8} "
                 f"{r['other_wire_bytes_per_sample']:>10.0f} {r['accuracy_final']:>6.3f} "
                 f"{_fmt(r.get('accuracy_gap_points_vs_dense'), '+.1f'):>6} "
                 f"{_fmt(r.get('accuracy_gap_points_vs_dense_mean'), '+.1f'):>8} "
