@@ -1,9 +1,9 @@
 """``polis bench comm``: what each communication scheme costs in bytes and in learning.
 
 For each scheme of :data:`SCHEMES` (a name and a list of run-setting overrides, as ``polis
-demo --set`` takes them) one run of the tiny demo swarm, 2 stages x 2 replicas over WebRTC
-on loopback, from the shipped base to ``--versions`` versions, held-out greedy evals every
-``--eval-every``. Per scheme, from the coordinator's stats API:
+demo --set`` takes them) one run per ``--seeds`` seed of the tiny demo swarm, 2 stages x 2
+replicas over WebRTC on loopback, from the shipped base to ``--versions`` versions, held-out
+greedy evals every ``--eval-every``. Per scheme, from the coordinator's stats API:
 
 * **replica-update bytes per trained sample** — bytes the replicas sent each other for
   their updates (gradient shares every step, or pseudo-gradients at DiLoCo syncs), over
@@ -11,11 +11,16 @@ on loopback, from the shipped base to ``--versions`` versions, held-out greedy e
   and against dense fp32 every step;
 * **activation bytes per trained sample** — every byte on the wire (the nodes' ledger) minus
   the update bytes, per sample: activations and their gradients, tokens, control;
-* **held-out accuracy at equal samples** — the scheme's eval curve against the
-  ``dense_fp32_every_step`` row's at the same versions (every version trains on the same
-  number of rows, so equal versions are equal samples; the table shows the samples);
-* **wall clock** — seconds of the training run (meaningful only on an otherwise idle machine;
-  the JSON says whether ``--contended`` was given).
+* **held-out accuracy at equal samples** — the scheme's eval curve (the mean over the seeds
+  at each eval version) against the ``dense_fp32_every_step`` row's at the same versions
+  (every version trains on about the same number of rows, so equal versions are equal
+  samples; the table shows the samples); the gap at the last eval and the mean gap over all
+  evals after version 0. One seed of the tiny run is noisy (two dense runs have ended 5
+  points apart on the steep part of the curve), hence ``--seeds``;
+* **wall clock** — versions per minute of the training run on loopback and, with ``--wan
+  PROFILE``, of a ``--wan-versions`` run of the same scheme over that emulated internet
+  (``polis demo --wan``), from the coordinator's version timestamps (meaningful only on an
+  otherwise idle machine; the JSON says whether ``--contended`` was given).
 
 The weight stream to inference replicas is not part of these runs (the demo swarm has none):
 ``--weights`` adds the bytes per version of each weight-delta encoding on the tiny base
@@ -51,6 +56,8 @@ class Scheme:
 SCHEMES: list[Scheme] = [
     Scheme("dense_fp32_every_step", ("update_encoding=fp32",), "fp32 gradients, every step"),
     Scheme("int8_every_step", ("update_encoding=int8",), "int8 per-row gradients, every step (today's default)"),
+    Scheme("diloco_h1_fp32", ("replica_sync.mode=diloco", "replica_sync.inner_steps=1", "replica_sync.encoding=fp32"),
+           "DiLoCo at H=1, lossless: each replica's own AdamW step, then the mean (no saving; isolates local AdamW)"),
     Scheme("diloco_h8_int8", ("replica_sync.mode=diloco", "replica_sync.inner_steps=8", "replica_sync.encoding=int8"),
            "DiLoCo: 8 inner steps, int8 pseudo-gradients, averaging"),
     Scheme("sparseloco_h8_top2_2bit", ("replica_sync.mode=diloco", "replica_sync.inner_steps=8",
@@ -69,19 +76,30 @@ DENSE, INT8 = "dense_fp32_every_step", "int8_every_step"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.swarm.demo import add_wan_arguments
+
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")
-    parser.add_argument("--versions", type=int, default=240, help="policy versions per scheme (default 240)")
-    parser.add_argument("--eval-every", type=int, default=60, help="versions between held-out evals (default 60)")
+    parser.add_argument("--versions", type=int, default=320, help="policy versions per scheme (default 320)")
+    parser.add_argument("--eval-every", type=int, default=80, help="versions between held-out evals (default 80)")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated run seeds; each scheme runs once per seed and its curve is the "
+                             "mean (default 0)")
     parser.add_argument("--schemes", default=",".join(s.name for s in SCHEMES),
                         help="comma-separated scheme names (default: all): " + ", ".join(s.name for s in SCHEMES))
     parser.add_argument("--contended", action="store_true",
                         help="say in the output that other work shared the CPU (wall clock not comparable)")
     parser.add_argument("--out", default=None,
-                        help="JSON file the rows are written to after every scheme; schemes already in it are "
+                        help="JSON file the runs are written to after each one; runs already in it are "
                              "not run again (a long bench interrupted goes on where it stopped)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: the table of the runs already in --out (each scheme with the seeds "
+                             "it has there)")
     parser.add_argument("--weights", action="store_true",
                         help="also measure weight-delta bytes per version (tiny base, in process)")
+    add_wan_arguments(parser)  # --wan: one more, shorter run per scheme over the emulated internet
+    parser.add_argument("--wan-versions", type=int, default=60,
+                        help="versions of each scheme's run over --wan (default 60)")
 
 
 def _scheme(name: str) -> Scheme:
@@ -91,16 +109,36 @@ def _scheme(name: str) -> Scheme:
     raise SystemExit(f"unknown scheme {name!r}; choose from {', '.join(s.name for s in SCHEMES)}")
 
 
-def _row(scheme: Scheme, result: dict[str, Any], wire_bytes: int) -> dict[str, Any]:
-    curve = result["curve"]
-    samples = max(1, curve[-1]["samples"])
+def mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per eval version present in every curve: the mean samples and accuracy, with the spread."""
+    common = set.intersection(*({p["version"] for p in c} for c in curves)) if curves else set()
+    out = []
+    for version in sorted(common):
+        points = [next(p for p in c if p["version"] == version) for c in curves]
+        accuracies = [float(p["accuracy"]) for p in points]
+        out.append({"version": version, "samples": round(sum(p["samples"] for p in points) / len(points)),
+                    "accuracy": sum(accuracies) / len(accuracies),
+                    "accuracy_range": [min(accuracies), max(accuracies)]})
+    return out
+
+
+def scheme_row(scheme: Scheme, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scheme's row from its runs (one per seed): per-sample figures are over all runs."""
+    curve = mean_curve([r["curve"] for r in runs])
+    samples = max(1, sum(r["curve"][-1]["samples"] for r in runs))
+    update = sum(r["update_bytes"] for r in runs)
+    wire = sum(r.get("bytes_on_wire", 0) for r in runs)
+    paces = [r["versions_per_min"] for r in runs if r.get("versions_per_min")]
     return {"scheme": scheme.name, "what": scheme.what, "settings": list(scheme.settings),
-            "samples": curve[-1]["samples"], "update_bytes": result["update_bytes"],
-            "dense_update_bytes": result["dense_update_bytes"],
-            "update_bytes_per_sample": result["update_bytes"] / samples,
-            "other_wire_bytes_per_sample": max(0, wire_bytes - result["update_bytes"]) / samples,
+            "seeds": [r["seed"] for r in runs], "runs": runs, "samples": curve[-1]["samples"],
+            "update_bytes": update / len(runs),
+            "dense_update_bytes": sum(r["dense_update_bytes"] for r in runs) / len(runs),
+            "update_bytes_per_sample": update / samples,
+            "other_wire_bytes_per_sample": max(0, wire - update) / samples,
             "curve": curve, "accuracy_start": curve[0]["accuracy"], "accuracy_final": curve[-1]["accuracy"],
-            "seconds": result["seconds"], "staleness_histogram": result["staleness_histogram"]}
+            "seconds": sum(r["seconds"] for r in runs),
+            "versions_per_min": sum(paces) / len(paces) if paces else None,
+            "staleness_histogram": runs[0]["staleness_histogram"]}
 
 
 def compare(rows: list[dict[str, Any]]) -> None:
@@ -122,17 +160,19 @@ def compare(rows: list[dict[str, Any]]) -> None:
         r["meets_target"] = bool(r.get("update_reduction_vs_int8_every_step") and
                                  r["update_reduction_vs_int8_every_step"] >= 50 and
                                  r.get("accuracy_gap_points_vs_dense") is not None and
-                                 r["accuracy_gap_points_vs_dense"] >= -5.0)
+                                 r["accuracy_gap_points_vs_dense"] >= -5.0 and
+                                 r["accuracy_gap_points_vs_dense_mean"] >= -5.0)
 
 
-def _train(base: str, tmp: Path, args: argparse.Namespace, scheme: Scheme, out) -> dict[str, Any]:
-    """One scheme's swarm run; a swarm that did not start (a machine too busy to start five
-    processes in time) is tried once more."""
+def _train(base: str, tmp: Path, versions: int, eval_every: int, settings: list[str],
+           wan: tuple[str | None, str | None], out) -> dict[str, Any]:
+    """One swarm run; a swarm that did not start (a machine too busy to start five processes
+    in time) is tried once more."""
     from engine.bench.swarm import _swarm_training
 
     for attempt in (1, 2):
         try:
-            return _swarm_training(base, tmp / f"try{attempt}", args.versions, args.eval_every, scheme.settings)
+            return _swarm_training(base, tmp / f"try{attempt}", versions, eval_every, settings, wan)
         except RuntimeError as exc:
             if attempt == 2 or "did not start" not in str(exc):
                 raise
@@ -140,50 +180,88 @@ def _train(base: str, tmp: Path, args: argparse.Namespace, scheme: Scheme, out) 
     raise AssertionError("unreachable")
 
 
-def _saved_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Rows of an earlier run of the same bench (same versions and eval spacing) from ``--out``."""
+def _saved(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Runs of an earlier run of the same bench (same versions and eval spacing) from ``--out``,
+    by run key (scheme, seed or WAN profile)."""
     if not args.out or not Path(args.out).exists():
-        return []
+        return {}
     saved = json.loads(Path(args.out).read_text())
     if (saved.get("versions"), saved.get("eval_every")) != (args.versions, args.eval_every):
         raise SystemExit(f"{args.out} holds a run of other --versions / --eval-every; give another --out")
-    return list(saved.get("rows", []))
+    return dict(saved.get("runs", {}))
 
 
-def _save_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+def _save(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> None:
     if args.out:
         from engine.atomic_file import atomic_write_bytes
 
         atomic_write_bytes(Path(args.out), json.dumps({"versions": args.versions, "eval_every": args.eval_every,
-                                                       "rows": rows}).encode())
+                                                       "runs": runs}).encode())
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds takes comma-separated integers, e.g. 0,1; got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise SystemExit("--seeds needs at least one seed >= 0")
+    return seeds
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.bench.comm_table import print_table
     from engine.bench.swarm import _base
 
     base = _base(args)
     out = sys.stderr if args.json else sys.stdout
-    schemes = [_scheme(n.strip()) for n in args.schemes.split(",") if n.strip()]
+    schemes, seeds = [_scheme(n.strip()) for n in args.schemes.split(",") if n.strip()], _seeds(args.seeds)
     tmp = Path(tempfile.mkdtemp(prefix="polis-bench-comm-"))
-    rows, started = _saved_rows(args), time.monotonic()
+    runs, started = _saved(args), time.monotonic()
+    if args.report_only and not args.out:
+        raise SystemExit("--report-only reads the runs of --out FILE; give it")
+    plan = [] if args.report_only else (
+        [(s, seed, None) for s in schemes for seed in seeds] + ([(s, seeds[0], args.wan) for s in schemes]
+                                                                if args.wan else []))
     try:
-        for i, scheme in enumerate(schemes, start=1):
-            if any(r["scheme"] == scheme.name for r in rows):
-                print(f"{i}/{len(schemes)} {scheme.name}: already in {args.out}", file=out, flush=True)
+        for i, (scheme, seed, wan) in enumerate(plan, start=1):
+            key = f"{scheme.name}@{wan}" if wan else f"{scheme.name}#{seed}"
+            if key in runs:
+                print(f"{i}/{len(plan)} {key}: already in {args.out}", file=out, flush=True)
                 continue
-            print(f"{i}/{len(schemes)} {scheme.name}: {args.versions} versions, 2 stages x 2 replicas...",
-                  file=out, flush=True)
-            trained = _train(base, tmp / scheme.name, args, scheme, out)
-            rows.append(_row(scheme, trained, trained.get("bytes_on_wire", 0)))
-            _save_rows(args, rows)
-            print(f"   {rows[-1]['update_bytes_per_sample']:.1f} update bytes/sample, accuracy "
-                  f"{rows[-1]['accuracy_start']:.3f} -> {rows[-1]['accuracy_final']:.3f} in {trained['seconds']} s",
-                  file=out, flush=True)
+            versions, every = (args.wan_versions, args.wan_versions) if wan else (args.versions, args.eval_every)
+            print(f"{i}/{len(plan)} {key}: {versions} versions, 2 stages x 2 replicas"
+                  + (f" over '{wan}'" if wan else " on loopback") + "...", file=out, flush=True)
+            trained = _train(base, tmp / key.replace("#", "-").replace("@", "-"), versions, every,
+                             [*scheme.settings, f"seed={seed}"], (wan, args.wan_profiles) if wan else (None, None), out)
+            runs[key] = {"seed": seed, "wan": wan, **trained}
+            _save(args, runs)
+            curve = trained["curve"]
+            pace = trained["versions_per_min"]
+            print(f"   accuracy {curve[0]['accuracy']:.3f} -> {curve[-1]['accuracy']:.3f}, "
+                  f"{trained['update_bytes'] / max(1, curve[-1]['samples']):.1f} update bytes/sample, "
+                  + (f"{pace:.1f} versions/min" if pace else "pace unknown"), file=out, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.report_only:  # every seed each scheme has in --out
+        have = {s.name: sorted(int(k.split("#")[1]) for k in runs if k.split("#")[0] == s.name and "#" in k)
+                for s in schemes}
+        schemes = [s for s in schemes if have[s.name]]
+        seeds_of = have
+    else:
+        seeds_of = {s.name: seeds for s in schemes}
+    rows = [scheme_row(s, [runs[f"{s.name}#{seed}"] for seed in seeds_of[s.name]]) for s in schemes]
     compare(rows)
-    result: dict[str, Any] = {"versions": args.versions, "eval_every": args.eval_every, "rows": rows,
-                              "contended": bool(args.contended), "seconds": round(time.monotonic() - started, 1),
+    for row in rows:
+        wan_run = runs.get(f"{row['scheme']}@{args.wan}") if args.wan else None
+        row["wan"] = None if wan_run is None else {
+            "profile": args.wan, "versions": args.wan_versions, "versions_per_min": wan_run["versions_per_min"],
+            "update_bytes_per_sample": wan_run["update_bytes"] / max(1, wan_run["curve"][-1]["samples"]),
+            "accuracy_final": wan_run["curve"][-1]["accuracy"], "seconds": wan_run["seconds"]}
+    result: dict[str, Any] = {"versions": args.versions, "eval_every": args.eval_every,
+                              "seeds": sorted({x for v in seeds_of.values() for x in v}),
+                              "wan": args.wan, "rows": rows, "contended": bool(args.contended),
+                              "seconds": round(time.monotonic() - started, 1),
                               "targets": {"update_reduction_vs_int8_every_step": 50,
                                           "accuracy_gap_points_vs_dense": -5}}
     if args.weights:
@@ -191,15 +269,7 @@ def run(args: argparse.Namespace) -> int:
 
         result["weight_deltas"] = measure(argparse.Namespace(checkpoint=args.checkpoint, stages=2, versions=20,
                                                              seed=0, lr=None))
-    print(f"{'scheme':<26} {'upd B/sample':>12} {'vs int8':>8} {'other B/s':>10} {'acc':>6} {'gap':>6} {'s':>6}",
-          file=out)
-    for r in rows:
-        red = r["update_reduction_vs_int8_every_step"]
-        gap = r.get("accuracy_gap_points_vs_dense")
-        print(f"{r['scheme']:<26} {r['update_bytes_per_sample']:>12.1f} "
-              f"{(f'{red:.0f}x' if red else '-'):>8} {r['other_wire_bytes_per_sample']:>10.0f} "
-              f"{r['accuracy_final']:>6.3f} {(f'{gap:+.1f}' if gap is not None else '-'):>6} {r['seconds']:>6.0f}",
-              file=out)
+    print_table(result, out)
     if args.json:
         print(json.dumps(result))
     return 0

@@ -161,6 +161,15 @@ def _cumulative_samples(versions: list[dict[str, Any]]) -> dict[int, int]:
     return out
 
 
+def versions_per_min(versions: list[dict[str, Any]]) -> float | None:
+    """Training pace from the coordinator's version log (``created_at`` in seconds): versions
+    after the first over the seconds between the first and the last."""
+    stamps = sorted(float(v["created_at"]) for v in versions if v.get("created_at") is not None)
+    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
+        return None
+    return 60.0 * (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
 def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
                     settings: list[str] | tuple[str, ...] = (),
                     wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
@@ -199,7 +208,7 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
               "accuracy": e["accuracy"]} for e in stats["evals"]]
     return {"curve": curve, "update_bytes": stats["update_bytes"], "dense_update_bytes": stats["dense_update_bytes"],
             "staleness_histogram": stats["staleness_histogram"], "seconds": round(time.monotonic() - started, 1),
-            "bytes_on_wire": stats["bytes_on_wire"],
+            "bytes_on_wire": stats["bytes_on_wire"], "versions_per_min": versions_per_min(stats["versions"]),
             "dropped_stale": stats["counters"].get("dropped_stale", 0)}
 
 

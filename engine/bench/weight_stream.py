@@ -19,6 +19,10 @@ same code path as the swarm. Measured per stage over ``--versions`` versions:
   share of entries each step changed, and whether their replica holds exactly the
   trainer's weights (fp32) or their bf16 rounding (bf16).
 
+With ``--lora-rank R`` both load LoRA adapters of rank R on every linear layer (the
+real-model demo's setting): the stream then carries adapter deltas only, and the
+ratios are against the stage's full dense fp32 weights (what full fine-tuning streams).
+
 No network: bytes are the delta payloads a link would carry. The last stdout line is
 the JSON object with ``--json``.
 """
@@ -43,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None,
                         help="AdamW learning rate (default: the run's; real models post-train far lower)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train LoRA adapters of this rank on every linear layer (as the real-model demo: "
+                             "the stream then carries adapter deltas only); 0 (default): full fine-tuning")
 
 
 @dataclass
@@ -56,9 +63,10 @@ class _ExactStream:
     exact: bool = True
 
 
-def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator) -> dict[str, Any]:
+def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Generator,
+                   lora_rank: int = 0) -> dict[str, Any]:
     from backends import registry
-    from backends.base import OptimizerConfig
+    from backends.base import LoraConfig, OptimizerConfig
     from engine.net.codec_sparse_exact import round_to
     from engine.net.tensor_codec import decode_tensor, encode_tensor
     from engine.swarm.weight_stream import StreamFollower, StreamLeader, WeightStreamConfig
@@ -66,8 +74,9 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
     weights = checkpoint.stage_weights(spec)
     trainer = registry.create("torch", device="cpu")
     replica = registry.create("torch", device="cpu")
-    trainer.load(spec, weights, checkpoint.config, OptimizerConfig(lr=lr))
-    replica.load(spec, weights, checkpoint.config, OptimizerConfig(trainable=False))
+    lora = LoraConfig(enabled=True, rank=lora_rank, alpha=2.0 * lora_rank) if lora_rank else LoraConfig()
+    trainer.load(spec, weights, checkpoint.config, OptimizerConfig(lr=lr, lora=lora))
+    replica.load(spec, weights, checkpoint.config, OptimizerConfig(trainable=False, lora=lora))
     try:
         start = trainer.state_dict()
         leader, follower = StreamLeader(), StreamFollower()
@@ -112,7 +121,7 @@ def _measure_stage(checkpoint, spec, versions: int, lr: float, rng: np.random.Ge
                 e.exact &= all(np.array_equal(held[n].view(np.uint32), round_to(now[n], dtype).view(np.uint32))
                                for n in now)
             previous = now
-        dense = sum(int(w.size) * 4 for w in start.values())
+        dense = sum(int(np.asarray(w).size) * 4 for w in weights.values())  # the whole stage, adapters or not
         return {"stage": spec.stage_index, "parameters": dense // 4, "dense_fp32_bytes": dense,
                 "bytes_per_delta": float(np.mean(delta_bytes)),
                 "ratio_vs_dense_fp32": float(np.mean(delta_bytes)) / dense,
@@ -138,14 +147,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     lr = args.lr or RunConfig().lr
     rng = np.random.default_rng(args.seed)
     started = time.monotonic()
-    stages = [_measure_stage(checkpoint, spec, args.versions, lr, rng)
+    lora_rank = int(getattr(args, "lora_rank", 0) or 0)
+    stages = [_measure_stage(checkpoint, spec, args.versions, lr, rng, lora_rank)
               for spec in plan_stages(checkpoint.config.num_hidden_layers, args.stages)]
-    return {"versions": args.versions, "lr": lr, "encoding": "int8_rowwise", "stages": stages,
+    return {"versions": args.versions, "lr": lr, "encoding": "int8_rowwise", "lora_rank": lora_rank, "stages": stages,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def _table(result: dict[str, Any]) -> str:
-    lines = [f"weight stream, {result['versions']} AdamW steps at lr {result['lr']:g} ({result['encoding']} deltas)",
+def format_table(result: dict[str, Any]) -> str:
+    what = f"LoRA rank {result['lora_rank']} adapters" if result.get("lora_rank") else "full fine-tuning"
+    lines = [f"weight stream, {result['versions']} AdamW steps at lr {result['lr']:g}, {what} "
+             f"({result['encoding']} deltas; ratio against the whole stage in dense fp32)",
              "stage  params  dense fp32 B  B/delta  ratio   max step   |trainer-replica| last / all   "
              "bit-exact  no-shadow error"]
     for s in result["stages"]:
@@ -166,8 +178,8 @@ def _table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     result = measure(args)
     if args.json:
-        print(_table(result), file=sys.stderr)
+        print(format_table(result), file=sys.stderr)
         print(json.dumps(result, default=float))
     else:
-        print(_table(result))
+        print(format_table(result))
     return 0 if all(s["replica_equals_shadow_bitwise"] for s in result["stages"]) else 1

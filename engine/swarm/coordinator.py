@@ -470,7 +470,8 @@ class Coordinator:
             "logprob_audit": steps.audit.snapshot(),
             "weight_stream": self.streams.stats(),
             "evals": self.store.evals(), "eval_running": self.evals.running,
-            "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"]}
+            "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"],
+                          "created_at": v["created_at"]}
                          for v in self.store.versions()],
             "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
             "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),

@@ -53,9 +53,9 @@ log = logging.getLogger(__name__)
 MAX_MB_ATTEMPTS = 3
 
 
-def _cuts(rows: int, per_mb: int, avoid: Sequence[str | None] | None) -> list[tuple[int, int]]:
-    """Row ranges of the micro-batches: ``per_mb`` rows at most, and (with ``avoid``) never two
-    different nodes to avoid in one."""
+def _cuts(rows: int, per_mb: int, avoid: Sequence[object] | None) -> list[tuple[int, int]]:
+    """Row ranges of the micro-batches: ``per_mb`` rows at most, and (with ``avoid``: per row a
+    node to avoid, or a route to pin) never two different values of it in one."""
     cuts, start = [], 0
     while start < rows:
         stop = min(rows, start + per_mb)
@@ -93,12 +93,16 @@ class MicrobatchDispatcher:
 
     async def run(self, step: int, batch: TrainBatch, proximal: np.ndarray | None, *,
                   forward_only: bool = False, avoid: Sequence[str | None] | None = None,
+                  pinned: Sequence[tuple[str, ...]] | None = None,
                   ) -> list[tuple[int, np.ndarray, tuple[str, ...]]] | None:
         """Send every micro-batch of ``batch`` and wait for all of them.
 
         ``avoid``: per row, a node that should not be the last stage of its route (the log-prob
         audit keeps a row's generator off the route that checks it; rows with the same one
         should be contiguous, micro-batches are cut where it changes; see :func:`_cuts`).
+        ``pinned``: per row, the route that should train it (DiLoCo: the route whose weights
+        gave the row's proximal log-probs, as routes differ between syncs; rows with the same
+        route contiguous); a row whose route is gone goes to another, as a retry does.
 
         Returns ``[(first_row, log-probs, route that answered)]`` for a forward-only pass (``[]``
         for a training pass) on success, None if the pass failed or ran past its deadline.
@@ -109,7 +113,13 @@ class MicrobatchDispatcher:
         rows = batch.num_rows
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
         first_route: dict[int, list[str]] = {}
-        if avoid is None:  # each route's share of the rows follows its measured rows/s (engine.swarm.route_weights)
+        if pinned is not None:  # each micro-batch on its rows' route while that route is healthy
+            healthy = {tuple(r) for r in routes}
+            for mb, (start, stop) in enumerate(_cuts(rows, max(1, self.micro_batch_rows), pinned)):
+                pending[mb] = (batch.rows(start, stop), 0, start)
+                first_route[mb] = (list(pinned[start]) if tuple(pinned[start]) in healthy
+                                   else route_avoiding(routes, None, mb)[0])
+        elif avoid is None:  # each route's share of the rows follows its measured rows/s (engine.swarm.route_weights)
             for mb, (start, stop, route) in enumerate(self.weights.split_rows(routes, rows, self.micro_batch_rows)):
                 pending[mb] = (batch.rows(start, stop), 0, start)
                 first_route[mb] = route

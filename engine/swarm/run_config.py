@@ -98,9 +98,12 @@ class ReplicaSyncSettings:
         inner step, and its weights are those of the route that sampled it (route r takes
         replica r of every stage, so a route is one consistent model); the routes differ by
         at most the inner steps since the last sync. Behaviour log-probs are recorded by the
-        sampling stage, so the off-policy correction sees the policy that really sampled; the
-        proximal pass may run on another route than the update (its anchor then differs by
-        that divergence, which PPO's clip bounds). Inference replicas follow their stage
+        sampling stage, so the off-policy correction sees the policy that really sampled. A
+        row's proximal log-probs and its update run on the route that sampled it (its policy's
+        lineage; the log-prob audit still checks it on another route first), so ``u`` measures
+        the update alone and ``exp(p - b)`` the staleness alone; a row whose route is gone
+        trains where its audit ran, its ``exp(p - b)`` then also spanning the drift between
+        replicas (the mask band and the truncation bound it). Inference replicas follow their stage
         leader's weights through the weight stream as before: its inner steps, and the
         synced weights after each sync. Stage checkpoints hold the leader's weights.
       inner_steps: H, inner steps between syncs (unit: versions). 1 is every step with

@@ -11,6 +11,8 @@
    proximal log-probs (the weights at the start of the batch), each generator's rows on a route
    whose last stage is another node, and audits every generator's behaviour log-probs against
    them (``engine.swarm.logprob_audit``: gross mismatch is not trained on, repeated, evicts);
+   under DiLoCo, where replicas differ between syncs, a second forward-only pass gives each
+   row its proximal log-probs on the route that sampled it, and its update runs there too;
 4. per mini-batch: its micro-batches go through the training routes
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
@@ -49,6 +51,37 @@ from engine.swarm.run_config import RunConfig
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
+
+
+Route = tuple[str, ...]
+
+
+def pin_rows(minibatches: Sequence[TrainBatch], proximal: Sequence[np.ndarray],
+             routes: Sequence[Sequence[Route]]) -> tuple[list[TrainBatch], list[np.ndarray], list[list[Route]]]:
+    """Each mini-batch's rows (and their proximal log-probs) ordered by the route that computed
+    those log-probs, with that route per row: under DiLoCo every replica is its own policy
+    between syncs, so a row's update must run on the weights its proximal ``p`` came from
+    (else ``u = exp(logp - p)`` measures how far two replicas drifted apart, not the update)."""
+    out_batches, out_prox, out_routes = [], [], []
+    for mini, prox, rows in zip(minibatches, proximal, routes):
+        order = np.array(sorted(range(len(rows)), key=lambda r: rows[r]), dtype=np.int64)
+        out_batches.append(take_rows(mini, order))
+        out_prox.append(prox[order])
+        out_routes.append([rows[r] for r in order])
+    return out_batches, out_prox, out_routes
+
+
+def lineage_routes(generators: Sequence[str | None], audit_routes: Sequence[Route],
+                   routes: Sequence[Sequence[str]]) -> list[Route | None]:
+    """Per row, the live route whose last stage generated it (the replicas whose policy sampled
+    it, under DiLoCo), where that is not the route its audit pass already ran on; else None
+    (the audit pass's log-probs stand: unknown or departed generator, or the same route)."""
+    by_last = {r[-1]: tuple(r) for r in routes}
+    out: list[Route | None] = []
+    for gen, audited in zip(generators, audit_routes):
+        own = by_last.get(gen) if gen is not None else None
+        out.append(own if own is not None and own != tuple(audited) else None)
+    return out
 
 
 class StepRunner:
@@ -145,18 +178,24 @@ class StepRunner:
             return False
         trained_ids = [i for g in plan.trained for i in ids[g]]
         started = time.monotonic()
-        proximal: Sequence[np.ndarray | None] = [None] * len(plan.minibatches)
-        if len(plan.minibatches) > 1:
-            stacked = await self._proximal_pass(
-                self.book.version, plan.minibatches,
-                row_generators(plan.minibatches, plan.minibatch_groups, groups, generators))
-            if stacked is None:
+        minibatches = plan.minibatches
+        proximal: Sequence[np.ndarray | None] = [None] * len(minibatches)
+        pinned: Sequence[Sequence[tuple[str, ...]] | None] = [None] * len(minibatches)
+        if len(minibatches) > 1:
+            row_gens = row_generators(minibatches, plan.minibatch_groups, groups, generators)
+            passed = await self._proximal_pass(self.book.version, minibatches, row_gens)
+            if passed is not None and self.run.replica_sync.mode == "diloco":
+                # routes differ between syncs: each row's p (and its update) on the route that sampled it
+                passed = await self._lineage_pass(self.book.version, minibatches, row_gens, passed)
+            if passed is None:
                 return await self._abort(self.book.version, trained_ids)
-            proximal = stacked
-        for m, (mini, prox) in enumerate(zip(plan.minibatches, proximal)):
+            proximal, row_routes = passed
+            if self.run.replica_sync.mode == "diloco":  # train where p came from
+                minibatches, proximal, pinned = pin_rows(minibatches, proximal, row_routes)
+        for m, (mini, prox) in enumerate(zip(minibatches, proximal)):
             step = self.book.version
             pass_started = time.monotonic()
-            ok = await self.microbatches.run(step, mini, prox) is not None
+            ok = await self.microbatches.run(step, mini, prox, pinned=pinned[m]) is not None
             apply_started = time.monotonic()
             ok = ok and await self._apply(step)
             if not ok:
@@ -221,9 +260,10 @@ class StepRunner:
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
         self.step_log.append(entry)
 
-    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch],
-                             generators: list[list[str | None]]) -> list[np.ndarray] | None:
-        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass).
+    async def _proximal_pass(self, step: int, minibatches: list[TrainBatch], generators: list[list[str | None]],
+                             ) -> tuple[list[np.ndarray], list[list[tuple[str, ...]]]] | None:
+        """Log-probs of every mini-batch's rows under the current weights (one forward-only pass),
+        and per row the route that computed them.
 
         Each generator's rows run on a route whose last stage is another node where one exists
         (rows are grouped by generator for that, then put back), and its behaviour log-probs are
@@ -240,12 +280,45 @@ class StepRunner:
             return None
         proximal = np.zeros(stacked.mask.shape, dtype=np.float32)
         checked = np.zeros(len(gens), dtype=bool)
+        routes: list[tuple[str, ...]] = [()] * len(gens)
         for start, logp, route in results:
             rows = order[start:start + logp.shape[0]]
             proximal[rows, :logp.shape[1]] = logp
             checked[rows] = [gens[r] is not None and route[-1] != gens[r] for r in rows]
+            for r in rows:
+                routes[r] = route
         self._audit(stacked, proximal, gens, checked, minibatches, offsets)
-        return [proximal[offsets[m]:offsets[m + 1], :b.inputs.shape[1]] for m, b in enumerate(minibatches)]
+        return ([proximal[offsets[m]:offsets[m + 1], :b.inputs.shape[1]] for m, b in enumerate(minibatches)],
+                [routes[offsets[m]:offsets[m + 1]] for m in range(len(minibatches))])
+
+    async def _lineage_pass(self, step: int, minibatches: list[TrainBatch], generators: list[list[str | None]],
+                            audited: tuple[list[np.ndarray], list[list[Route]]],
+                            ) -> tuple[list[np.ndarray], list[list[Route]]] | None:
+        """DiLoCo: proximal log-probs of each row on the route whose last stage generated it (its
+        policy's lineage), where that route still trains; other rows keep the audit pass's."""
+        proximal, routes = audited
+        stacked, offsets = stack_batches(minibatches, self.task.pad_id)
+        own = lineage_routes([g for rows in generators for g in rows], [r for rows in routes for r in rows],
+                             self.microbatches.health.routes())
+        moved = [i for i, route in enumerate(own) if route is not None]
+        out_prox = [p.copy() for p in proximal]
+        out_routes = [list(r) for r in routes]
+        if not moved:
+            return out_prox, out_routes
+        order = np.array(sorted(moved, key=lambda i: own[i] or ()), dtype=np.int64)
+        results = await self.microbatches.run(step, take_rows(stacked, order), None, forward_only=True,
+                                              pinned=[own[i] or () for i in order])
+        if results is None:
+            return None
+        for start, logp, route in results:
+            for k, row in enumerate(order[start:start + logp.shape[0]]):
+                m = int(np.searchsorted(offsets, row, side="right")) - 1
+                local = int(row) - offsets[m]
+                width = out_prox[m].shape[1]
+                out_prox[m][local, :] = 0.0
+                out_prox[m][local, :min(width, logp.shape[1])] = logp[k, :width]
+                out_routes[m][local] = route
+        return out_prox, out_routes
 
     def _audit(self, stacked: TrainBatch, proximal: np.ndarray, gens: list[str | None], checked: np.ndarray,
                minibatches: list[TrainBatch], offsets: list[int]) -> None:

@@ -4,9 +4,11 @@ Every trainer reports, with each ``stepped``, :func:`weights_digest` of its FULL
 weights (blake2b over every tensor's name, dtype, shape and bytes, names sorted). The
 coordinator's :class:`WeightAuthority` then, per stage:
 
-* takes the digest that a strict majority of the reporting replicas hold as the stage's weights
-  (no strict majority: nothing is decided, nobody is resynced, and a stage of two that disagree
-  is counted as a ``split``: two replicas cannot tell which of them is right);
+* takes the digest that a strict majority of the reporting replicas hold as the stage's weights;
+  with no strict majority, the digest the members of the last majority still agree on when
+  only replicas that joined since disagree (a trainer that loaded while training began is
+  behind; it is resynced, it never takes the stage over); else nothing is decided, nobody is
+  resynced, and the vote counts as a ``split`` (two incumbents cannot tell which is right);
 * tells every replica outside the majority to resync from a majority member (``sync`` names the
   source and the digest its weights must have, so the follower checks what it is sent);
 * evicts a replica that stays outside the majority for ``evict_after`` votes in a row (it ignored
@@ -122,14 +124,20 @@ class WeightAuthority:
         if len(reported) < 2:  # a lone replica's digest is the stage's (nobody to disagree with)
             only = next(iter(reported.values()), None)
             if only is not None:
+                self._majority[stage] = set(reported)
                 self._decide(stage, version, only)
             return Vote(majority=only)
         self.counters["votes"] += 1
         (top, count), = Counter(reported.values()).most_common(1)
         if 2 * count <= len(reported):
-            self.counters["splits"] += 1
-            log.warning("stage %d: no majority among %d replicas' weights; nothing resynced", stage, len(reported))
-            return Vote(majority=None)
+            incumbent = self._incumbents_digest(stage, reported)
+            if incumbent is None:
+                self.counters["splits"] += 1
+                log.warning("stage %d: no majority among %d replicas' weights; nothing resynced", stage,
+                            len(reported))
+                return Vote(majority=None)
+            self.counters["incumbent_decisions"] += 1
+            top = incumbent
         members = sorted(p for p, d in reported.items() if d == top)
         self._majority[stage] = set(members)
         self._decide(stage, version, top)
@@ -154,6 +162,20 @@ class WeightAuthority:
                     self._asked[peer] = source
                     self.counters["resyncs"] += 1
         return Vote(majority=top, resync=resync, evict=evict)
+
+    def _incumbents_digest(self, stage: int, reported: Mapping[str, str]) -> str | None:
+        """With no strict majority: the digest every reporting member of the stage's last
+        majority agrees on, where replicas that joined since (never in a majority) hold
+        another. A trainer that finished loading after training began holds weights some
+        versions old; with two replicas it would split every vote for good. The newcomers are
+        resynced from the incumbents, never the other way round, so a joining node cannot
+        take a stage over; incumbents that disagree among themselves decide nothing."""
+        last = self._majority.get(stage, set())
+        incumbents = {reported[p] for p in reported if p in last}
+        newcomers = [p for p in reported if p not in last]
+        if len(incumbents) != 1 or not newcomers:
+            return None
+        return next(iter(incumbents))
 
     def _decide(self, stage: int, version: int, digest: str) -> None:
         self._decided.setdefault(stage, {})[version] = digest

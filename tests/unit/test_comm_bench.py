@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.bench.comm import DENSE, INT8, SCHEMES, Scheme, compare
+from engine.bench.comm import DENSE, INT8, SCHEMES, Scheme, compare, mean_curve, scheme_row
+from engine.bench.swarm import versions_per_min
 from engine.swarm.run_config import RunConfig, apply_overrides
 
 
@@ -28,3 +29,40 @@ def test_compare_measures_bytes_against_int8_and_accuracy_against_dense_at_the_s
     assert round(by["sparse"]["accuracy_gap_points_vs_dense"], 6) == -3.0
     assert round(by["sparse"]["accuracy_gap_points_vs_dense_mean"], 6) == -4.0
     assert by["sparse"]["meets_target"] and not by["lossy"]["meets_target"] and not by[INT8]["meets_target"]
+
+
+def test_a_scheme_whose_last_eval_is_close_but_whose_curve_lags_does_not_meet_the_target():
+    rows = [_row(DENSE, 7000.0, [0.1, 0.5, 0.8]), _row(INT8, 1800.0, [0.1, 0.5, 0.8]),
+            _row("late", 6.0, [0.1, 0.2, 0.78])]
+    compare(rows)
+    late = rows[-1]
+    assert round(late["accuracy_gap_points_vs_dense"], 6) == -2.0
+    assert round(late["accuracy_gap_points_vs_dense_mean"], 6) == -16.0 and not late["meets_target"]
+
+
+def test_the_mean_curve_over_seeds_keeps_only_versions_every_run_evaluated_and_their_spread():
+    a = [{"version": 0, "samples": 0, "accuracy": 0.1}, {"version": 80, "samples": 100, "accuracy": 0.4},
+         {"version": 160, "samples": 200, "accuracy": 0.6}]
+    b = [{"version": 0, "samples": 0, "accuracy": 0.1}, {"version": 80, "samples": 110, "accuracy": 0.6}]
+    curve = mean_curve([a, b])
+    assert [p["version"] for p in curve] == [0, 80]
+    assert curve[1]["samples"] == 105 and abs(curve[1]["accuracy"] - 0.5) < 1e-12
+    assert curve[1]["accuracy_range"] == [0.4, 0.6]
+
+
+def test_a_schemes_row_counts_bytes_per_sample_over_all_its_seeds():
+    def run(seed: int, update: int, samples: int) -> dict:
+        return {"seed": seed, "update_bytes": update, "dense_update_bytes": 10 * update, "bytes_on_wire": 3 * update,
+                "seconds": 10.0, "versions_per_min": 60.0 + seed, "staleness_histogram": {},
+                "curve": [{"version": 0, "samples": 0, "accuracy": 0.1},
+                          {"version": 8, "samples": samples, "accuracy": 0.2}]}
+
+    row = scheme_row(Scheme("x", (), "x"), [run(0, 100, 10), run(1, 300, 30)])
+    assert row["update_bytes_per_sample"] == 10.0 and row["other_wire_bytes_per_sample"] == 20.0
+    assert row["seeds"] == [0, 1] and row["versions_per_min"] == 60.5
+
+
+def test_the_pace_comes_from_the_coordinators_version_timestamps():
+    log = [{"version": v, "created_at": 1000.0 + 2.0 * v} for v in range(1, 31)]
+    assert abs(versions_per_min(log) - 30.0) < 1e-9
+    assert versions_per_min(log[:1]) is None and versions_per_min([]) is None

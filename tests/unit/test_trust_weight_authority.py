@@ -66,6 +66,21 @@ def test_the_leader_is_the_earliest_admitted_and_the_majority_not_the_smallest_i
     assert vote.evict == ["zzzz-first"]  # outvoted twice in a row: it ignored its resync
 
 
+def test_a_trainer_that_joined_behind_a_lone_incumbent_is_resynced_from_it_and_cannot_take_the_stage_over():
+    """A trainer that finished loading after training began holds weights versions old: with two
+    replicas no vote has a strict majority, so without this it split every vote for good."""
+    auth = WeightAuthority(evict_after=3)
+    for version in (1, 2, 3):  # the incumbent trained alone
+        assert auth.vote(0, {"incumbent": f"{version:02d}" * 16}, version).majority == f"{version:02d}" * 16
+    vote = auth.vote(0, {"incumbent": "04" * 16, "late-joiner": "00" * 16}, 4)
+    assert vote.majority == "04" * 16 and vote.resync == [("late-joiner", "incumbent")]
+    assert auth.counters["incumbent_decisions"] == 1 and auth.counters["splits"] == 0
+    # once in the majority both are incumbents: a later disagreement between them decides nothing
+    assert auth.vote(0, {"incumbent": "05" * 16, "late-joiner": "05" * 16}, 5).majority == "05" * 16
+    vote = auth.vote(0, {"incumbent": "06" * 16, "late-joiner": "66" * 16}, 6)
+    assert vote.majority is None and not vote.resync and auth.counters["splits"] == 1
+
+
 def test_a_refusal_counts_only_for_the_sync_sent_and_two_followers_evict():
     auth = WeightAuthority()
     h, x = "11" * 16, "22" * 16
