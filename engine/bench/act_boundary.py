@@ -6,8 +6,8 @@ encoded with a run's ``activation_encoding`` (``engine.swarm.boundary_basis.Boun
 a node uses; a ``basis`` scheme fits its bases from the first tensors, as a node does),
 decoded again (with the checks a receiving node applies) and metered: bytes on the wire, bytes
 as dense float32, and the squared error against the exact tensor. So ``polis bench act`` can
-chain stages with ``LocalPipeline`` or ``greedy_decode`` and measure a scheme's accuracy, learning and bytes without processes or
-links.
+chain stages with ``LocalPipeline`` or ``greedy_decode`` and measure a scheme's accuracy,
+learning and bytes without processes or links.
 
 What it does not know: tasks, training, which scheme is good.
 """
