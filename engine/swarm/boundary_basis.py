@@ -53,7 +53,8 @@ class BasisFitter:
         self.basis: Basis | None = None
 
     def observe(self, x: np.ndarray) -> Basis | None:
-        """The basis, once fitted; until then keep ``x``'s rows (the tensor goes with the fallback)."""
+        """The basis, once fitted (from the rows of the tensors so far, ``x``'s included); until
+        then None (``x`` goes with the fallback) and ``x``'s rows are kept."""
         if self.basis is not None:
             return self.basis
         rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
@@ -63,7 +64,7 @@ class BasisFitter:
             extra = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
             self.basis = Basis.fit(np.concatenate(self._rows), self.rank, **extra)
             self._rows = []
-        return None
+        return self.basis
 
 
 class BoundaryCodec:
