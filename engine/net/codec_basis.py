@@ -18,7 +18,7 @@ Payload, in order (little-endian)::
 
     [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
     [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled per params
-    [outlier positions: varint gaps, outlier_index_bytes long]
+    [outlier positions: varint gaps, index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
 
     value = mean + coefficients @ vectors, then value[position] = outlier
@@ -56,8 +56,8 @@ MAX_RANK = 512
 MAX_COLS = 1 << 12
 #: default share of entries sent exactly as outliers
 DEFAULT_OUTLIER_FRACTION = 0.001
-#: hex digits of a basis id (128 bits of sha-256)
-BASIS_ID_CHARS = 32
+#: bytes of a basis id (128 bits of sha-256)
+BASIS_ID_BYTES = 16
 #: rounds of refitting the rows whose largest entries travel exactly
 FILL_ROUNDS = 4
 #: bases a book keeps per sender before the least recently used goes
@@ -67,10 +67,10 @@ _BF16 = ml_dtypes.bfloat16
 _ID_DOMAIN = b"polis-basis-v1"
 
 
-def basis_id_of(rank: int, cols: int, body: bytes) -> str:
+def basis_id_of(rank: int, cols: int, body: bytes) -> bytes:
     """Content id of a basis: sha-256 over its shape and its wire bytes (mean, vectors)."""
     digest = hashlib.sha256(_ID_DOMAIN + rank.to_bytes(4, "little") + cols.to_bytes(4, "little") + body)
-    return digest.hexdigest()[:BASIS_ID_CHARS]
+    return digest.digest()[:BASIS_ID_BYTES]
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,7 +79,7 @@ class Basis:
 
     mean: np.ndarray  # float32 [cols]
     vectors: np.ndarray  # float32 [rank, cols], every value exact in bfloat16
-    basis_id: str
+    basis_id: bytes
     _pinv: list = field(default_factory=list, repr=False)  # encoder's cache: [cols, rank] float32
 
     @property
@@ -173,7 +173,7 @@ class BasisBook:
 
     def __init__(self, capacity: int = DEFAULT_BOOK_CAPACITY) -> None:
         self.capacity = capacity
-        self._bases: OrderedDict[str, Basis] = OrderedDict()
+        self._bases: OrderedDict[bytes, Basis] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._bases)
@@ -184,7 +184,7 @@ class BasisBook:
         while len(self._bases) > self.capacity:
             self._bases.popitem(last=False)
 
-    def get(self, basis_id: str) -> Basis | None:
+    def get(self, basis_id: bytes) -> Basis | None:
         basis = self._bases.get(basis_id)
         if basis is not None:
             self._bases.move_to_end(basis_id)
@@ -192,14 +192,16 @@ class BasisBook:
 
 
 class BasisParams(WireRecord, frozen=True):
-    """The header params of ``basis`` (bounds that depend on the shape are checked in decode)."""
+    """The header params of ``basis`` (bounds that depend on the shape are checked in decode).
 
-    basis: Annotated[str, Meta(pattern=f"^[0-9a-f]{{{BASIS_ID_CHARS}}}$")]  # the basis's content id
+    Short names: a decoding step of a small model is a few hundred bytes, the header a good part of it."""
+
+    id: Annotated[bytes, Meta(min_length=BASIS_ID_BYTES, max_length=BASIS_ID_BYTES)]  # the basis's content id
     rank: Annotated[int, Meta(ge=1, le=MAX_RANK)]  # its vectors
     inline: bool  # the basis leads the payload (the first tensor a link carries in it)
-    coef_col_scaled: bool  # the coefficients' int8 payload carries column scales
+    col_scaled: bool  # the coefficients' int8 payload carries column scales
     outliers: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent exactly (<= the tensor's elements)
-    outlier_index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of their positions
+    index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of the outliers' positions
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
@@ -247,9 +249,9 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
         index_section = varint_encode(np.diff(positions, prepend=-1) - 1)
         values = matrix.reshape(-1)[positions].astype(_BF16).view("<u2")
         parts += [index_section, values.tobytes()]
-    params = {"basis": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
-              "coef_col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
-              "outlier_index_bytes": len(index_section)}
+    params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
+              "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
+              "index_bytes": len(index_section)}
     return params, b"".join(parts)
 
 
@@ -263,28 +265,28 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     rows, cols = codec_int8.rows_and_cols(shape, numel)
     require_in_range(cols, "columns", 1, MAX_COLS)
     n_out = require_in_range(typed.outliers, "outliers", 0, numel)
-    index_bytes = require_in_range(typed.outlier_index_bytes, "outlier_index_bytes", n_out,
+    index_bytes = require_in_range(typed.index_bytes, "index_bytes", n_out,
                                    _VARINT_MAX_BYTES * n_out)
     reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
-                                       coef_col_scaled=typed.coef_col_scaled, outliers=n_out,
+                                       coef_col_scaled=typed.col_scaled, outliers=n_out,
                                        outlier_index_bytes=index_bytes))
     if typed.inline:
         basis = read_basis(reader, typed.rank, cols)
-        if basis.basis_id != typed.basis:
-            raise WireFormatError(f"inline basis hashes to {basis.basis_id}, not the {typed.basis} it claims")
+        if basis.basis_id != typed.id:
+            raise WireFormatError(f"inline basis hashes to {basis.basis_id.hex()}, not the {typed.id.hex()} it claims")
         book.add(basis)
     else:
-        found = book.get(typed.basis)
+        found = book.get(typed.id)
         if found is None:
-            raise WireFormatError(f"basis {typed.basis} was never received from this sender")
+            raise WireFormatError(f"basis {typed.id.hex()} was never received from this sender")
         basis = found
     if basis.rank != typed.rank or basis.cols != cols:
-        raise WireFormatError(f"basis {typed.basis} is {basis.rank} x {basis.cols}, the tensor says "
+        raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
                               f"{typed.rank} x {cols}")
-    coef_section = reader.take(((4 + typed.rank) if typed.coef_col_scaled else 0) + 4 + rows + rows * typed.rank,
+    coef_section = reader.take(((4 + typed.rank) if typed.col_scaled else 0) + 4 + rows + rows * typed.rank,
                                np.uint8, "coefficients")
     try:
-        coef = codec_int8.decode((rows, typed.rank), rows * typed.rank, {"col_scaled": typed.coef_col_scaled},
+        coef = codec_int8.decode((rows, typed.rank), rows * typed.rank, {"col_scaled": typed.col_scaled},
                                  PayloadReader(memoryview(coef_section.tobytes())))
     except WireFormatError as exc:
         raise WireFormatError(f"coefficients: {exc}") from None

@@ -7,8 +7,10 @@ basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
 * per direction it sends in (``act`` forward, ``grad`` back) and stage it holds, a
   :class:`BasisFitter`: the first ``calibration_rows`` rows it sends go with the scheme's
   fallback (int8 rows with exact outliers) and are kept; then the basis is fitted from
-  them, once, and used for every later tensor of the run (the sending stage's own
-  activations, from the task's training stream: no calibration pass, nothing to agree on);
+  them and used for the later tensors (the sending stage's own activations, from the
+  task's training stream: no calibration pass, nothing to agree on); a scheme with
+  ``refit_rows`` refits from the latest rows after every that many rows (full fine-tuning
+  moves the activations; each refit is a new basis, sent once per link);
 * which peers hold which of its bases: a basis travels inline in the first tensor to a
   peer, and is named only after that tensor's ``send`` returned (a link delivers messages
   in call order, so the receiver has it first); a new link to a peer forgets what it held
@@ -34,6 +36,8 @@ from engine.swarm.pipeline_hops import decode_activation, encode_with, scheme_of
 
 #: rows a stage sends in one direction before it fits that direction's basis
 DEFAULT_CALIBRATION_ROWS = 2048
+#: rows after which a stage refits its basis from the latest rows (full fine-tuning moves activations)
+DEFAULT_REFIT_ROWS = 32 * DEFAULT_CALIBRATION_ROWS
 #: what a ``basis`` direction sends before its basis is fitted: int8 rows with exact outliers
 _FALLBACK: tuple[str, dict[str, Any]] = ("subspace", {"rank": 0})
 #: senders whose books a node keeps (least recently heard from out)
@@ -41,39 +45,51 @@ MAX_SENDER_BOOKS = 64
 
 
 class BasisFitter:
-    """Collects the first ``calibration_rows`` rows of one direction, then fits its basis once."""
+    """Fits one direction's basis from the first ``calibration_rows`` rows it sends, and (with
+    ``refit_rows``) again from the latest ``calibration_rows`` rows after every ``refit_rows`` more
+    (the weights move under training; a refitted basis is a new one, sent once per link again)."""
 
-    def __init__(self, rank: int, calibration_rows: int = DEFAULT_CALIBRATION_ROWS,
+    def __init__(self, rank: int, calibration_rows: int = DEFAULT_CALIBRATION_ROWS, refit_rows: int = 0,
                  outlier_fraction: float | None = None) -> None:
         self.rank = rank
         self.calibration_rows = calibration_rows
+        self.refit_rows = refit_rows
         self.outlier_fraction = outlier_fraction
         self._rows: list[np.ndarray] = []
-        self._count = 0
+        self._kept = 0  # rows in self._rows
+        self._since_fit = 0  # rows seen since the last fit
         self.basis: Basis | None = None
+        self.fits = 0
 
     def observe(self, x: np.ndarray) -> Basis | None:
-        """The basis, once fitted (from the rows of the tensors so far, ``x``'s included); until
-        then None (``x`` goes with the fallback) and ``x``'s rows are kept."""
-        if self.basis is not None:
+        """The basis to send ``x`` in (fitted from the rows so far, ``x``'s included), or None
+        while calibrating (``x`` then goes with the fallback)."""
+        if self.basis is not None and not self.refit_rows:
             return self.basis
         rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
-        self._rows.append(rows[: self.calibration_rows - self._count].copy())
-        self._count += self._rows[-1].shape[0]
-        if self._count >= self.calibration_rows:
+        self._since_fit += rows.shape[0]
+        self._rows.append(rows[-self.calibration_rows:].copy())
+        self._kept += self._rows[-1].shape[0]
+        while self._kept - self._rows[0].shape[0] >= self.calibration_rows:  # keep the latest rows only
+            self._kept -= self._rows.pop(0).shape[0]
+        due = self.basis is None and self._kept >= self.calibration_rows
+        if due or (self.basis is not None and self._since_fit >= self.refit_rows):
             extra = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
-            self.basis = Basis.fit(np.concatenate(self._rows), self.rank, **extra)
-            self._rows = []
+            self.basis = Basis.fit(np.concatenate(self._rows)[-self.calibration_rows:], self.rank, **extra)
+            self._since_fit = 0
+            self.fits += 1
         return self.basis
 
 
 class BoundaryCodec:
     """One node's encoder and decoder of stage-boundary tensors (see the module docstring)."""
 
-    def __init__(self, calibration_rows: int = DEFAULT_CALIBRATION_ROWS) -> None:
+    def __init__(self, calibration_rows: int = DEFAULT_CALIBRATION_ROWS,
+                 refit_rows: int = DEFAULT_REFIT_ROWS) -> None:
         self.calibration_rows = calibration_rows
+        self.refit_rows = refit_rows
         self._fitters: dict[tuple[int, str, str], BasisFitter] = {}
-        self._held: dict[str, set[str]] = {}  # peer -> ids of our bases it holds
+        self._held: dict[str, set[bytes]] = {}  # peer -> ids of our bases it holds
         self._books: OrderedDict[str, BasisBook] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -103,6 +119,7 @@ class BoundaryCodec:
         fitter = self._fitters.get(key)
         if fitter is None:
             fitter = self._fitters[key] = BasisFitter(int(params["rank"]), self.calibration_rows,
+                                                      int(params.get("refit_rows", self.refit_rows)),
                                                       params.get("outlier_fraction"))
         return fitter
 
@@ -111,7 +128,7 @@ class BoundaryCodec:
         """``header``'s tensor was handed to ``peer``'s link: an inline basis is now held there."""
         if header.get("encoding") == "basis" and header.get("params", {}).get("inline"):
             with self._lock:
-                self._held.setdefault(peer, set()).add(header["params"]["basis"])
+                self._held.setdefault(peer, set()).add(header["params"]["id"])
 
     def forget_peer(self, peer: str) -> None:
         """A new link to ``peer``: it may hold none of our bases (the next tensor carries them again)."""

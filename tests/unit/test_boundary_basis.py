@@ -34,7 +34,7 @@ def test_a_stage_calibrates_on_its_first_rows_then_sends_its_basis_once_per_peer
     assert second["encoding"] == "basis" and second["params"]["inline"] is True
     x = _activations(2)
     third, y = _send(sender, receiver, x)
-    assert third["params"]["inline"] is False and third["params"]["basis"] == second["params"]["basis"]
+    assert third["params"]["inline"] is False and third["params"]["id"] == second["params"]["id"]
     assert float(np.linalg.norm(y - x) / np.linalg.norm(x)) < 0.02
     other, _ = _send(sender, BoundaryCodec(), x, peer="C")  # another peer gets it inline
     assert other["params"]["inline"] is True
@@ -62,10 +62,10 @@ def test_bases_are_kept_per_sender_and_per_direction_and_stage():
     with pytest.raises(WireFormatError, match="never received"):  # B holds it from A, not from M
         receiver.decode(header, payload, hidden_size=64, sender="M")
     grad, _ = _send(sender, receiver, _activations(3), kind="grad")  # gradients fit their own basis
-    assert grad["params"]["basis"] != header["params"]["basis"]
+    assert grad["params"]["id"] != header["params"]["id"]
     other_stage, _ = sender.encode("act", _activations(4), "basis_r8", "B", stage_index=1)
     assert other_stage["params"]["inline"] is True  # a stage fits its own basis (after a reassignment)
-    assert other_stage["params"]["basis"] != header["params"]["basis"]
+    assert other_stage["params"]["id"] != header["params"]["id"]
 
 
 def test_schemes_without_a_basis_need_no_calibration():
@@ -102,3 +102,14 @@ def test_a_basis_scheme_crosses_a_real_boundary_at_a_fraction_of_int8s_bytes(bac
     assert np.abs(logp - exact).mean() < 0.03 and acts["relative_error"] < 0.1  # random tokens, rank 16 of 64
     for stage in stages:
         stage.close()
+
+
+def test_a_scheme_with_refits_sends_a_new_basis_after_that_many_rows():
+    sender, receiver = BoundaryCodec(calibration_rows=100, refit_rows=400), BoundaryCodec()
+    ids = []
+    for n in range(6):  # 200 rows each: fit, -, refit (400 since), -, refit, -
+        header, y = _send(sender, receiver, _activations(n) * (1 + n))  # the activations drift
+        ids.append((header["params"]["id"], header["params"]["inline"]))
+        assert float(np.linalg.norm(y - _activations(n) * (1 + n)) / np.linalg.norm(y)) < 0.05
+    assert [inline for _, inline in ids] == [True, False, True, False, True, False]
+    assert len({i for i, _ in ids}) == 3

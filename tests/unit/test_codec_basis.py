@@ -59,7 +59,7 @@ def test_the_basis_travels_once_then_a_tensor_costs_its_coefficients_only():
 def test_a_basis_is_named_by_its_content_and_the_fit_is_deterministic():
     rows = _residual_stream(seed=1).reshape(-1, 128)
     a, b = Basis.fit(rows, 8), Basis.fit(rows.copy(), 8)
-    assert a.basis_id == b.basis_id and len(a.basis_id) == codec_basis.BASIS_ID_CHARS
+    assert a.basis_id == b.basis_id and len(a.basis_id) == codec_basis.BASIS_ID_BYTES
     assert Basis.fit(rows, 7).basis_id != a.basis_id
     assert np.allclose(a.vectors @ a.vectors.T, np.eye(8), atol=0.02)  # orthonormal up to bfloat16
 
@@ -104,9 +104,9 @@ def _valid():
     ({"rank": 5}, "payload has"),
     ({"rank": 0}, "basis params"),
     ({"rank": codec_basis.MAX_RANK + 1}, "basis params"),
-    ({"basis": "not-hex"}, "basis params"),
+    ({"id": b"short"}, "basis params"),
     ({"outliers": 10 ** 9}, "outliers"),
-    ({"outlier_index_bytes": 0}, "outlier_index_bytes"),
+    ({"index_bytes": 0}, "index_bytes"),
     ({"inline": False}, "payload has"),
     ({"colour": 1}, "basis params"),
 ])
@@ -124,12 +124,12 @@ def test_truncated_payloads_nan_bases_and_outliers_beyond_the_tensor_are_refused
     nan_mean = np.full(128, np.nan, "<f4").tobytes() + payload[4 * 128:]
     with pytest.raises(WireFormatError, match="NaN"):
         decode_tensor(header, nan_mean, bases=book)
-    n, index_bytes = header["params"]["outliers"], header["params"]["outlier_index_bytes"]
+    n, index_bytes = header["params"]["outliers"], header["params"]["index_bytes"]
     index_start = len(payload) - index_bytes - 2 * n
     gaps = b"\xff\x7f" + b"\x00" * (n - 1)  # a first gap of 16383 entries: past 8 x 8 x 128
     bad = payload[:index_start] + gaps + payload[index_start + index_bytes:]
     with pytest.raises(WireFormatError, match="beyond"):
-        decode_tensor(dict(header, params=dict(header["params"], outlier_index_bytes=len(gaps))), bad, bases=book)
+        decode_tensor(dict(header, params=dict(header["params"], index_bytes=len(gaps))), bad, bases=book)
 
 
 def test_a_basis_of_other_width_than_the_tensor_is_refused_on_both_ends():
@@ -140,7 +140,7 @@ def test_a_basis_of_other_width_than_the_tensor_is_refused_on_both_ends():
     decode_tensor(*_wire(encode_tensor(x, "basis", basis=basis, inline=True)), bases=book)
     other = Basis.fit(_residual_stream(seed=3, cols=64, sinks=False).reshape(-1, 64)[:, :64], 8)
     header, payload = _wire(encode_tensor(x[..., :64], "basis", basis=other))
-    header["params"]["basis"] = basis.basis_id  # names the 128-wide basis the receiver holds
+    header["params"]["id"] = basis.basis_id  # names the 128-wide basis the receiver holds
     with pytest.raises(WireFormatError, match="payload has|the tensor says"):
         decode_tensor(header, payload, bases=book)
 
