@@ -171,8 +171,12 @@ class RunConfig:
         the largest 0.1 % of entries exact (4x fewer bytes than fp32, 2x fewer than bf16; SmolLM2's
         next tokens agree with fp32's); subspace_r<k> sends each tensor's rows as rank-k coefficients
         in a basis that travels with the tensor, plus the exact outliers: SmolLM2's middle boundary
-        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. Measured by
-        ``polis bench act``.
+        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. basis_r<k>
+        sends rank-k coefficients in a basis each stage fits from its first 2048 rows (refitted
+        every 64k rows) and sends once per link, plus the exact outliers: no per-tensor basis, so
+        decoding steps pay ~k bytes a row; _gs<k> sends the gradients in each tensor's own rank-k
+        basis instead (gradients share no fixed subspace), _g8 as int8 rows with exact outliers.
+        Measured by ``polis bench act``.
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured
