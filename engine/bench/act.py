@@ -50,7 +50,7 @@ DEFAULT_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_di
 DEMO_LORA_RANK, DEMO_LORA_ALPHA = 16, 32.0
 #: training-stream items whose forward and backward pass comes first for every scheme (a basis scheme
 #: fits its bases from them, as a swarm's stages do from their first jobs); not part of the measured phases
-CALIBRATION_ITEMS = 32
+CALIBRATION_ITEMS = 24
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
