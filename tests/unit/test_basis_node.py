@@ -8,8 +8,8 @@ import pytest
 from engine.swarm import messages
 from engine.swarm.boundary_basis import BoundaryCodec
 from engine.swarm.run_config import RunConfig
-from tests.unit.test_node_pipeline import P0, P1, P2, PARAMS, _node, _run, _send, _sent, _until, _welcome
 from tests.support.memory_wire import MemoryWire
+from tests.unit.test_node_pipeline import P0, P1, P2, PARAMS, _node, _run, _send, _sent, _until, _welcome
 
 pytest.importorskip("torch")
 
