@@ -88,7 +88,7 @@ def test_a_basis_scheme_crosses_a_real_boundary_at_a_fraction_of_int8s_bytes(bac
     stages = _tiny_stages(backend)
     tokens = np.random.default_rng(0).integers(3, 20, size=(16, 40))
     exact = LocalPipeline(stages).token_logprobs(tokens, tokens)
-    wrapped = wrap_stages(stages, "basis_r16_gs16")
+    wrapped = wrap_stages(stages, "basis_r16")
     for boundary in wrapped:
         boundary.codec.calibration_rows = 600  # the first micro-batch calibrates
     pipeline = LocalPipeline(wrapped)
