@@ -16,7 +16,10 @@ every boundary tensor encoded and decoded exactly as between two nodes
   in the demo, an RL-like loss: +-1 advantages on the completion tokens), with the bytes
   and relative error of the training activations and of their gradients, and the cosine
   between the first stage's adapter gradient and the fp32 run's (what the gradient
-  encoding does to learning, before any step);
+  encoding does to learning, before any step); ``all_phases``: the ratio over generation,
+  training forward and backward together. Before all that, a forward and backward pass over
+  ``CALIBRATION_ITEMS`` training-stream items (not measured): a ``basis`` scheme fits its
+  bases from them, as a swarm's stages do from their first jobs;
 * **tiny model** (``--learn-steps N``, the shipped base): N in-process RL steps of the
   tested recipe (``engine.rl.recipe``) through the encoded boundary, at equal samples for
   every scheme: held-out exact match before and after, and bytes per trained sample
@@ -45,6 +48,9 @@ DEFAULT_TASK = "reasoning_gym:chain_sum"
 DEFAULT_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 #: LoRA of the real-model demo (engine.swarm.demo.REAL_MODEL_SETTINGS)
 DEMO_LORA_RANK, DEMO_LORA_ALPHA = 16, 32.0
+#: training-stream items whose forward and backward pass comes first for every scheme (a basis scheme
+#: fits its bases from them, as a swarm's stages do from their first jobs); not part of the measured phases
+CALIBRATION_ITEMS = 24
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +121,13 @@ def _grad_pass(stages, sequences, prompt_lens, rows: int, pad_id: int) -> dict[s
     return grads
 
 
+def _all_phases(*meters: dict[str, Any]) -> dict[str, Any]:
+    """Bytes over generation, training forward and backward together (the whole run's ratio)."""
+    wire = sum(m["wire_bytes"] for m in meters)
+    fp32 = sum(m["fp32_bytes"] for m in meters)
+    return {"wire_bytes": wire, "fp32_bytes": fp32, "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None}
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
@@ -160,15 +173,25 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
     task = make_chat_task(TaskConfig(name=DEFAULT_TASK, options=dict(DEFAULT_TASK_OPTIONS)))
     items = task.eval_items()[:n_items]
     prompts = [codec.encode_messages(item.prompt.as_dicts()) for item in items]
+    train_items = [item for item, _ in zip(task.train_items(seed=0), range(CALIBRATION_ITEMS))]
+    calib_prompts = [codec.encode_messages(item.prompt.as_dicts()) for item in train_items]
     stages = _load_real(model, lora=True)
     out: dict[str, Any] = {"model": str(model), "task": DEFAULT_TASK, "task_options": DEFAULT_TASK_OPTIONS,
                            "items": len(items), "max_new_tokens": max_new_tokens, "micro_batch_rows": rows,
                            "boundary_layer": stages[0].spec.layer_end, "schemes": {}}
-    reference_grads, reference_logp, sequences = None, None, None
+    reference_grads, reference_logp, sequences, calib_sequences = None, None, None, None
     try:
         for name in schemes:
             t0 = time.perf_counter()
             wrapped = wrap_stages(stages, name)
+            if calib_sequences is None:  # training-stream rows, as a swarm's first jobs (fp32's completions)
+                calib_done = greedy_completions(LocalPipeline(stages), calib_prompts, max_new_tokens, codec.eos_id)
+                calib_sequences = [list(p) + [int(t) for t in c] for p, c in zip(calib_prompts, calib_done)]
+            # a basis scheme fits its bases from these (not from the held-out items it is scored on)
+            _grad_pass(wrapped, calib_sequences, [len(p) for p in calib_prompts], rows, codec.pad_id)
+            calibration = {"activations": totals(wrapped, "act"), "gradients": totals(wrapped, "grad")}
+            for boundary in wrapped:
+                boundary.reset_meters()
             completions = greedy_completions(LocalPipeline(wrapped), prompts, max_new_tokens, codec.eos_id)
             scores = [task.score_tokens(item, [int(t) for t in ids], codec) for item, ids in zip(items, completions)]
             summary = summarise(items, scores)
@@ -189,6 +212,7 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
                 "generation_activations": gen, "training_activations": train_acts,
                 "training_gradients": train_grads,
                 "stage0_grad_cosine_vs_fp32": round(_cosine(grads, reference_grads), 5),
+                "calibration": calibration, "all_phases": _all_phases(gen, train_acts, train_grads),
                 "seconds": round(time.perf_counter() - t0, 1)}
             print(f"  {name:<14} strict {summary.strict:.3f} {json.dumps(out['schemes'][name])}", file=sys.stderr,
                   flush=True)
@@ -251,13 +275,14 @@ def format_table(report: dict[str, Any]) -> str:
     if real:
         lines += [f"real model {real['model']} cut after layer {real['boundary_layer']}, {real['items']} items",
                   f"{'scheme':<14}{'strict':>7}{'gen x':>8}{'gen err':>9}{'act x':>8}{'act err':>9}"
-                  f"{'grad x':>8}{'grad err':>9}{'g cos':>7}{'agree':>7}{'KL':>8}"]
+                  f"{'grad x':>8}{'grad err':>9}{'g cos':>7}{'agree':>7}{'KL':>8}{'all x':>7}"]
         for name, r in real["schemes"].items():
             g, a, d = r["generation_activations"], r["training_activations"], r["training_gradients"]
             lines.append(f"{name:<14}{r['strict']:>7.3f}{g['x_fewer_than_fp32']:>8.1f}{g['relative_error']:>9.4f}"
                          f"{a['x_fewer_than_fp32']:>8.1f}{a['relative_error']:>9.4f}{d['x_fewer_than_fp32']:>8.1f}"
                          f"{d['relative_error']:>9.4f}{r['stage0_grad_cosine_vs_fp32']:>7.3f}"
-                         f"{r['teacher_forced_argmax_agreement']:>7.3f}{r['teacher_forced_kl']:>8.4f}")
+                         f"{r['teacher_forced_argmax_agreement']:>7.3f}{r['teacher_forced_kl']:>8.4f}"
+                         f"{r['all_phases']['x_fewer_than_fp32']:>7.1f}")
     tiny = report.get("tiny")
     if tiny:
         lines += ["", f"tiny base, {tiny['steps']} RL steps ({tiny['samples']} samples) per scheme",

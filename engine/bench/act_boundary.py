@@ -2,12 +2,12 @@
 
 ``EncodedBoundary`` wraps a ``StageBackend`` living in this process: the activations it
 hands to the next stage and the input gradient it hands back to the previous one are
-encoded with a run's ``activation_encoding`` (``engine.swarm.pipeline_hops``, the very
-functions a node uses), decoded again (``decode_activation``, with the checks a receiving
-node applies) and metered: bytes on the wire, bytes as dense float32, and the squared error
-against the exact tensor. So ``polis bench act`` can chain stages with ``LocalPipeline`` or
-``greedy_decode`` and measure a scheme's accuracy, learning and bytes without processes or
-links.
+encoded with a run's ``activation_encoding`` (``engine.swarm.boundary_basis.BoundaryCodec``, what
+a node uses; a ``basis`` scheme fits its bases from the first tensors, as a node does),
+decoded again (with the checks a receiving node applies) and metered: bytes on the wire, bytes
+as dense float32, and the squared error against the exact tensor. So ``polis bench act`` can
+chain stages with ``LocalPipeline`` or ``greedy_decode`` and measure a scheme's accuracy,
+learning and bytes without processes or links.
 
 What it does not know: tasks, training, which scheme is good.
 """
@@ -21,7 +21,8 @@ import msgpack
 import numpy as np
 
 from backends.base import StageBackend
-from engine.swarm.pipeline_hops import decode_activation, encode_activation, encode_gradient, scheme_of
+from engine.swarm.boundary_basis import BoundaryCodec
+from engine.swarm.pipeline_hops import scheme_of
 
 
 @dataclass
@@ -55,19 +56,21 @@ class BoundaryMeter:
 class EncodedBoundary:
     """``inner`` with its outgoing activations and gradients sent through ``encoding`` and back."""
 
-    def __init__(self, inner: StageBackend, encoding: str) -> None:
+    def __init__(self, inner: StageBackend, encoding: str, codec: BoundaryCodec | None = None) -> None:
         scheme_of(encoding)  # unknown names fail here, not on the first tensor
         self._inner = inner
         self.encoding = encoding
+        self.codec = codec or BoundaryCodec()  # plays both ends of the boundary: sender and receiver
         self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def _cross(self, kind: str, exact: np.ndarray) -> np.ndarray:
-        encode = encode_activation if kind == "act" else encode_gradient
-        header, payload = encode(exact, self.encoding)
-        decoded = decode_activation(header, payload, exact.shape[-1])
+        peer = "downstream" if kind == "act" else "upstream"
+        header, payload = self.codec.encode(kind, exact, self.encoding, peer, self._inner.spec.stage_index)
+        decoded = self.codec.decode(header, payload, exact.shape[-1], sender=f"{self._inner.spec.stage_index}-{kind}")
+        self.codec.sent(peer, header)
         self.meters[kind].add(exact, decoded, header, payload)
         return decoded
 

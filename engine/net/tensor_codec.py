@@ -18,6 +18,7 @@ encoding       lossless payload
 ``int8_rowwise`` no     per-row scales + int8 codes; see ``codec_int8``
 ``topk``       no       k largest-magnitude entries, quantised; see ``codec_topk``
 ``subspace``   no       low-rank rows + exact outliers (+ int8 residual); see ``codec_subspace``
+``basis``      no       coefficients in a basis held by both ends + exact outliers; see ``codec_basis``
 ============== ======== =====================================================
 
 :func:`decode_tensor` treats header and payload as hostile: the header is decoded
@@ -26,6 +27,9 @@ params into its own struct, the element count is capped *before* anything is
 allocated, the payload must have exactly the implied length, and (unless asked
 otherwise) float results must be finite. Any failure is a
 :class:`~engine.net.errors.WireFormatError` with a reason.
+
+``basis`` tensors need the receiver's :class:`~engine.net.codec_basis.BasisBook` of the
+sender (``decode_tensor(..., bases=book)``); every other encoding is self-contained.
 
 What this module does not know: framing, chunking, links or which tensor a
 message carries (the caller passes ``expected_shape``/``expected_dtype``).
@@ -41,7 +45,7 @@ import msgpack
 import numpy as np
 from msgspec import Meta
 
-from engine.net import codec_int8, codec_subspace, codec_topk
+from engine.net import codec_basis, codec_int8, codec_subspace, codec_topk
 from engine.net.codec_checks import NoParams, PayloadReader, convert_params
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
@@ -79,7 +83,7 @@ _BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 #: wire names of DTYPES and of the encodings (unit-tested to match DTYPES and _CODECS)
 DtypeName = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8",
                     "bool"]
-EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk", "subspace"]
+EncodingName = Literal["raw", "fp32", "fp16", "bf16", "int8_rowwise", "topk", "subspace", "basis"]
 
 
 class TensorHeader(WireRecord, frozen=True):
@@ -134,7 +138,7 @@ def _encode_raw(array: np.ndarray, params: dict) -> tuple[dict, bytes]:
 
 
 def _decode_raw(shape: tuple[int, ...], numel: int, dtype: str, params: Any,
-                reader: PayloadReader) -> np.ndarray:
+                reader: PayloadReader, bases: Any = None) -> np.ndarray:
     convert_params(params, NoParams, "raw params")
     np_dtype = DTYPES[dtype]
     reader.expect_total(numel * np_dtype.itemsize)
@@ -161,7 +165,7 @@ def _encode_float(wire_dtype: np.dtype, limit: float | None) -> Callable[[np.nda
 
 def _decode_float(wire_dtype: np.dtype) -> Callable[..., np.ndarray]:
     def decode(shape: tuple[int, ...], numel: int, dtype: str, params: Any,
-               reader: PayloadReader) -> np.ndarray:
+               reader: PayloadReader, bases: Any = None) -> np.ndarray:
         convert_params(params, NoParams, f"{wire_dtype} params")
         reader.expect_total(numel * wire_dtype.itemsize)
         if wire_dtype == DTYPES["bfloat16"]:
@@ -180,7 +184,7 @@ def _no_params(encoding: str, params: dict) -> None:
 class _Codec:
     #: (array, params) -> (wire params, payload); raises ValueError on sender mistakes.
     encode: Callable[[np.ndarray, dict], tuple[dict, bytes]]
-    #: (shape, numel, dtype, untrusted params, reader) -> flat array; raises WireFormatError.
+    #: (shape, numel, dtype, untrusted params, reader, basis book or None) -> flat array; raises WireFormatError.
     decode: Callable[..., np.ndarray]
     float_only: bool
 
@@ -191,7 +195,9 @@ def _float_codec(module) -> _Codec:
         return module.encode(array.astype(np.float32, copy=False), **params)
 
     def decode(shape: tuple[int, ...], numel: int, dtype: str, params: Any,
-               reader: PayloadReader) -> np.ndarray:
+               reader: PayloadReader, bases: Any = None) -> np.ndarray:
+        if module is codec_basis:
+            return module.decode(shape, numel, params, reader, bases)
         return module.decode(shape, numel, params, reader)
     return _Codec(encode, decode, float_only=True)
 
@@ -204,6 +210,7 @@ _CODECS: dict[str, _Codec] = {
     "int8_rowwise": _float_codec(codec_int8),
     "topk": _float_codec(codec_topk),
     "subspace": _float_codec(codec_subspace),
+    "basis": _float_codec(codec_basis),
 }
 #: Names of all encodings.
 ENCODINGS = tuple(_CODECS)
@@ -238,14 +245,16 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
                   expected_shape: tuple[int, ...] | None = None,
                   expected_dtype: str | np.dtype | None = None,
                   allow_nonfinite: bool = False,
-                  max_expansion: float | None = DEFAULT_MAX_EXPANSION) -> np.ndarray:
+                  max_expansion: float | None = DEFAULT_MAX_EXPANSION,
+                  bases: codec_basis.BasisBook | None = None) -> np.ndarray:
     """Decode an untrusted ``(header, payload)`` into a fresh, writable C-contiguous array.
 
     ``max_elements`` caps the decoded size (checked before allocating);
     ``expected_shape``/``expected_dtype`` must match the header when given; without an
     ``expected_shape``, the decoded bytes may be at most ``max_expansion`` times the payload
     (plus ``EXPANSION_SLACK_BYTES``; None = no ratio bound), also checked before allocating;
-    float results containing NaN/inf are refused unless ``allow_nonfinite``.
+    float results containing NaN/inf are refused unless ``allow_nonfinite``; ``bases``: the
+    sender's basis book (``basis`` tensors only; an inline basis is added to it).
     Raises :class:`WireFormatError` (with a reason) and nothing else on bad input.
     """
     shape, dtype, encoding, params = _validate_header(header, max_elements)
@@ -261,7 +270,7 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
             numel * DTYPES[dtype].itemsize > max_expansion * view.nbytes + EXPANSION_SLACK_BYTES:
         raise WireFormatError(f"{view.nbytes} payload bytes cannot honestly decode to shape {list(shape)}")
     reader = PayloadReader(view)
-    flat = _CODECS[encoding].decode(tuple(shape), numel, dtype, params, reader)
+    flat = _CODECS[encoding].decode(tuple(shape), numel, dtype, params, reader, bases)
     reader.finish()
     out = flat.reshape(shape)
     if dtype in FLOAT_DTYPES:

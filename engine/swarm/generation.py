@@ -41,7 +41,7 @@ from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.swarm import messages
 from engine.swarm.messages import Act, Drop, Gen, GenParams, GenRelease, Ticket, Tok
 from engine.swarm.node_context import NodeContext
-from engine.swarm.pipeline_hops import forward_encoded, rect
+from engine.swarm.pipeline_hops import rect
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +227,9 @@ class Generation:
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
             await self._sample(job, state.route, state.params, [], x, counted=True)
             return
-        tensor, payload = await self._compute(forward_encoded, rt.gen_forward, job, x,
-                                              _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding))
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded, rt.gen_forward, job, x,
+                                              _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding),
+                                              state.route[1], ctx.stage.spec.stage_index)
         if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
             if job not in self._first:
                 ctx.compute.submit(rt.drop, job)
@@ -236,6 +237,7 @@ class Generation:
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket), payload)
+        ctx.boundary.sent(state.route[1], tensor)
 
     async def _hop(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -247,11 +249,13 @@ class Generation:
             raise ProtocolViolation("too many generation jobs in flight")
         self._mid_touch[header.job] = time.monotonic()
         await self._enter(header.job, header.params, x)
-        tensor, payload = await self._compute(forward_encoded, rt.gen_forward, header.job, x,
-                                              _wire_encoding(header.params, ctx.stage.run_cfg.activation_encoding))
         hop = header.hop + 1
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded, rt.gen_forward, header.job, x,
+                                              _wire_encoding(header.params, ctx.stage.run_cfg.activation_encoding),
+                                              header.route[hop], ctx.stage.spec.stage_index)
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
                                                         tensor=tensor), payload)
+        ctx.boundary.sent(header.route[hop], tensor)
 
     async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
                       x: np.ndarray, counted: bool = False) -> None:

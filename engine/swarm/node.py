@@ -53,7 +53,7 @@ from engine.swarm.inference_replica import TRAINING_MESSAGES, InferenceReplica
 from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
 from engine.swarm.node_status import NodeStatus
 from engine.swarm.peer_links import PeerLinks
-from engine.swarm.pipeline_hops import check_hop, decode_activation
+from engine.swarm.pipeline_hops import check_hop
 from engine.swarm.replica_step import ReplicaStep
 from engine.swarm.run_config import run_config_from_dict
 from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer
@@ -149,6 +149,7 @@ class Node:
                                                                       or self.export_permits.allows(p)),
                                                upload_mbps=config.upload_mbps, download_mbps=config.download_mbps,
                                                sdp_filter=_wan_filter(config))
+            self.links.on_new_link = ctx.boundary.forget_peer  # a new link may lead to a peer without our bases
         self.generation = Generation(ctx)
         self.training = Training(ctx)
         self.leader = WeightStreamLeader(ctx)
@@ -396,11 +397,11 @@ class Node:
             handler(sender, header, payload)
 
     def _on_act(self, sender: str, header: messages.Act, payload: bytes) -> None:
-        x = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
+        x = self.ctx.boundary.decode(header.tensor, payload, self.ctx.stage.rt.hidden_size, sender)
         (self.generation if header.kind == "gen" else self.training).on_act(sender, header, x)
 
     def _on_grad(self, sender: str, header: messages.Grad, payload: bytes) -> None:
-        grad = decode_activation(header.tensor, payload, self.ctx.stage.rt.hidden_size)
+        grad = self.ctx.boundary.decode(header.tensor, payload, self.ctx.stage.rt.hidden_size, sender)
         self.training.on_grad(sender, header, grad)
 
     def _on_weights_req(self, sender: str, header: messages.WeightsReq, payload: bytes) -> None:

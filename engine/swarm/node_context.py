@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.net.errors import ProtocolViolation
+from engine.swarm.boundary_basis import BoundaryCodec
 
 if TYPE_CHECKING:
     from backends.base import StageSpec
@@ -183,6 +184,8 @@ class NodeContext:
     #: work done since the start: ``tokens_generated``, ``microbatches_trained``
     counters: dict[str, float] = field(default_factory=lambda: {"tokens_generated": 0.0,
                                                                 "microbatches_trained": 0.0})
+    #: encodes and decodes stage-boundary tensors; holds the bases of ``basis`` schemes (ours, and senders')
+    boundary: BoundaryCodec = field(default_factory=BoundaryCodec)
     #: something a user sees changed (stage, version, peers): emit a status event
     on_status: Callable[[], None] = lambda: None
 

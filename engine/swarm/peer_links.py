@@ -60,6 +60,8 @@ class PeerLinks:
         self._locks: dict[str, asyncio.Lock] = {}
         self._dialing: set[str] = set()
         self._closed_bytes = [0.0, 0.0]
+        #: called with a peer id whenever a new link to it is up (before its first message is read)
+        self.on_new_link: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ set-up
     async def start(self, signal_url: str) -> None:
@@ -71,7 +73,12 @@ class PeerLinks:
         await self._signal.connect()
         self._pm = PeerManager(self._signal, PeerManagerConfig(link=LinkConfig()), sdp_filter=self.sdp_filter,
                                validator=messages.decode_peer_header, accept_peer=self.accept_peer)
-        self._pm.on_link = lambda link: self.tasks.spawn(self._read(link), f"polis-read-{link.peer_id[:8]}")
+        self._pm.on_link = self._on_link
+
+    def _on_link(self, link: PeerLink) -> None:
+        if self.on_new_link is not None:
+            self.on_new_link(link.peer_id)
+        self.tasks.spawn(self._read(link), f"polis-read-{link.peer_id[:8]}")
 
     async def close(self) -> None:
         if self._pm is not None:

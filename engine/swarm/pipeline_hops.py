@@ -1,13 +1,15 @@
 """What travels between pipeline stages of one job, and the checks on it.
 
 * activation and gradient tensors: decoded with a size cap and the stage's hidden
-  size, encoded with the run's activation encoding (on the compute thread, in the
-  same call as the forward that produced them). An encoding name is a scheme
+  size, encoded with one wire encoding (``encode_with``; ``boundary_basis.BoundaryCodec``
+  picks it from the run's activation encoding, on the compute thread, in the same call as
+  the forward that produced them, and keeps the bases of ``basis`` schemes). An encoding name is a scheme
   (:data:`ACTIVATION_SCHEMES`): a wire encoding and its params for activations going
   forward and for their gradients going back (gradients have other statistics);
   ``subspace_r<k>`` sends rank-k rows with exact outliers, and a tensor too small
   for rank k to pay (a few rows, e.g. one decoding step) goes as int8 rows with the
-  outliers exact (``subspace`` at rank 0 with a residual);
+  outliers exact (``subspace`` at rank 0 with a residual); ``basis_r<k>`` sends rank-k
+  coefficients in a basis fitted once per stage and sent once per link;
 * rows of token ids / floats / flags from the coordinator, which must be rectangular;
 * the route check: an ``act``/``drop``/``grad`` must be addressed to our hop of a
   route as long as the pipeline, and come from the neighbour the route names.
@@ -17,13 +19,13 @@ What it does not know: what a job is, the backend, links.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.net import codec_subspace
+from engine.net.codec_basis import BasisBook
 from engine.net.errors import ProtocolViolation
 from engine.net.tensor_codec import decode_tensor, encode_tensor, tensor_shape
 from engine.swarm.messages import MAX_ROWS, MAX_TOKENS, Act, Drop, Grad
@@ -50,6 +52,10 @@ def _subspace(rank: int, grad_rank: int) -> BoundaryScheme:
     return BoundaryScheme("subspace", "subspace", {"rank": rank}, {"rank": grad_rank})
 
 
+def _basis(rank: int, grad_rank: int) -> BoundaryScheme:
+    return BoundaryScheme("basis", "basis", {"rank": rank}, {"rank": grad_rank})
+
+
 #: run-config ``activation_encoding`` name -> scheme (``run_config.ActivationEncoding`` lists the names)
 ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     "fp32": _same("fp32"), "fp16": _same("fp16"), "bf16": _same("bf16"), "int8_rowwise": _same("int8_rowwise"),
@@ -57,6 +63,14 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     "int8_outliers": _subspace(0, 0),
     "subspace_r8": _subspace(8, 8), "subspace_r16": _subspace(16, 16), "subspace_r32": _subspace(32, 32),
     "subspace_r64": _subspace(64, 64), "subspace_r96": _subspace(96, 96), "subspace_r128": _subspace(128, 128),
+    # rank-k coefficients in a basis fitted once per stage and sent once per link (``boundary_basis``)
+    **{f"basis_r{k}": _basis(k, k) for k in (8, 16, 32, 48, 64, 96, 128)},
+    # the same forward; gradients in each tensor's own rank-j basis (SmolLM2's share no fixed subspace:
+    # rank 128 of a fixed one misses 31 % of them, rank 64 of their own 21 %)
+    **{f"basis_r{k}_gs{j}": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": j})
+       for k, j in ((8, 8), (64, 64), (96, 64), (96, 96), (128, 64), (128, 128))},
+    # the same forward; gradients as int8 rows with exact outliers
+    **{f"basis_r{k}_g8": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": 0}) for k in (96, 128)},
 }
 
 
@@ -90,40 +104,24 @@ def rect(rows: list[list[Any]], dtype, what: str) -> np.ndarray:
     return np.asarray(rows, dtype=dtype)
 
 
-def decode_activation(header: dict, payload: bytes, hidden_size: int) -> np.ndarray:
-    """A ``[rows, tokens, hidden]`` float32 tensor from a peer, or a ProtocolViolation."""
+def decode_activation(header: dict, payload: bytes, hidden_size: int, bases: BasisBook | None = None) -> np.ndarray:
+    """A ``[rows, tokens, hidden]`` float32 tensor from a peer, or a ProtocolViolation; ``bases``:
+    what this node holds of the sender's bases (``basis`` schemes, see ``boundary_basis``)."""
     shape, _ = tensor_shape(header, MAX_ACTIVATION_ELEMENTS)  # checked before anything is decoded
     if len(shape) != 3 or shape[2] != hidden_size or shape[0] > MAX_ROWS or shape[1] > MAX_TOKENS:
         raise ProtocolViolation(f"activation of shape {list(shape)} does not fit hidden size {hidden_size}")
-    return decode_tensor(header, payload, max_elements=MAX_ACTIVATION_ELEMENTS, expected_dtype="float32")
+    return decode_tensor(header, payload, max_elements=MAX_ACTIVATION_ELEMENTS, expected_dtype="float32",
+                         bases=bases)
 
 
-def _encode(x: np.ndarray, encoding: str, params: dict[str, Any]) -> tuple[dict, bytes]:
+def encode_with(x: np.ndarray, encoding: str, params: dict[str, Any]) -> tuple[dict, bytes]:
+    """``(tensor header, payload)`` of ``x`` with one wire encoding and its params (a subspace
+    tensor too small for its rank goes as int8 rows with exact outliers)."""
     x = np.asarray(x, dtype=np.float32)
     if encoding == "subspace":
         params = _subspace_params(x.shape, params)
     enc = encode_tensor(x, encoding, **params)
     return enc.header, bytes(enc.payload)
-
-
-def encode_activation(x: np.ndarray, encoding: str) -> tuple[dict, bytes]:
-    """Compute thread: ``(tensor header, payload)`` of activations ``x`` for the wire, with the
-    forward half of scheme ``encoding``."""
-    scheme = scheme_of(encoding)
-    return _encode(x, scheme.encoding, scheme.params)
-
-
-def encode_gradient(g: np.ndarray, encoding: str) -> tuple[dict, bytes]:
-    """Compute thread: ``(tensor header, payload)`` of an input gradient ``g`` for the wire, with
-    the backward half of scheme ``encoding``."""
-    scheme = scheme_of(encoding)
-    return _encode(g, scheme.grad_encoding, scheme.grad_params)
-
-
-def forward_encoded(forward: Callable[[str, np.ndarray], np.ndarray], key: str, x: np.ndarray,
-                    encoding: str) -> tuple[dict, bytes]:
-    """Compute thread: run a stage forward and encode its output for the wire, in one hop."""
-    return encode_activation(forward(key, x), encoding)
 
 
 def check_hop(kind: str, header: Act | Drop | Grad, sender: str, me: str, stage_index: int,

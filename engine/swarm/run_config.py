@@ -35,7 +35,10 @@ from engine.rl.tasks import TaskConfig
 
 #: activation encodings a run may choose (engine.swarm.pipeline_hops.ACTIVATION_SCHEMES names)
 ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outliers", "subspace_r8", "subspace_r16",
-                             "subspace_r32", "subspace_r64", "subspace_r96", "subspace_r128"]
+                             "subspace_r32", "subspace_r64", "subspace_r96", "subspace_r128",
+                             "basis_r8", "basis_r16", "basis_r32", "basis_r48", "basis_r64", "basis_r96", "basis_r128",
+                             "basis_r8_gs8", "basis_r64_gs64", "basis_r96_gs64", "basis_r96_gs96", "basis_r128_gs64",
+                             "basis_r128_gs128", "basis_r96_g8", "basis_r128_g8"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]
@@ -170,8 +173,16 @@ class RunConfig:
         the largest 0.1 % of entries exact (4x fewer bytes than fp32, 2x fewer than bf16; SmolLM2's
         next tokens agree with fp32's); subspace_r<k> sends each tensor's rows as rank-k coefficients
         in a basis that travels with the tensor, plus the exact outliers: SmolLM2's middle boundary
-        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. Measured by
-        ``polis bench act``.
+        needs k ~ 128 (~11x fewer bytes than fp32); k = 32 (~37x) broke its answers. basis_r<k>
+        sends rank-k coefficients in a basis each stage fits from its first 2048 rows (refitted
+        every 64k rows) and sends once per link, plus the exact outliers: no per-tensor basis, so
+        decoding steps pay ~k bytes a row; _gs<k> sends the gradients in each tensor's own rank-k
+        basis instead (gradients share no fixed subspace), _g8 as int8 rows with exact outliers.
+        Measured by ``polis bench act`` (SmolLM2, 16 items): basis_r128_gs64 18.4x fewer bytes than
+        fp32 over generation + training forward + backward, next tokens 0.989 agreement, KL 0.018,
+        but the stage-0 gradient only 0.71 cosine to fp32's (rank 64 misses a quarter of the
+        gradients); the tiny base's 64-wide boundary is not low-rank (basis_r8 lost learning,
+        basis_r32 is 7.4x).
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured

@@ -35,7 +35,7 @@ from engine.swarm import messages
 from engine.swarm.generation import JOB_ERRORS
 from engine.swarm.messages import Act, Grad, TrainIn, TrainOut
 from engine.swarm.node_context import NodeContext
-from engine.swarm.pipeline_hops import encode_gradient, forward_encoded, rect
+from engine.swarm.pipeline_hops import rect
 
 log = logging.getLogger(__name__)
 
@@ -154,21 +154,25 @@ class Training:
             self._slot(key).act = (route, inputs)
             await self._last_if_ready(key)
             return
-        tensor, payload = await ctx.compute.run(forward_encoded, self._forward(prox, key, route), key, inputs,
-                                                ctx.stage.run_cfg.activation_encoding)
+        tensor, payload = await ctx.compute.run(ctx.boundary.forward_encoded, self._forward(prox, key, route), key,
+                                                inputs, ctx.stage.run_cfg.activation_encoding, route[1],
+                                                spec.stage_index)
         await ctx.peers.send(route[1], Act(kind="prox" if prox else "train", job=key, route=route, hop=1,
                                            versions=[int(rt.version)], tensor=tensor, step=msg.step, mb=msg.mb,
                                            ticket=msg.ticket), payload)
+        ctx.boundary.sent(route[1], tensor)
 
     async def _mid(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         key = train_key(header)
         forward = self._forward(header.kind == "prox", key, header.route)
-        tensor, payload = await ctx.compute.run(forward_encoded, forward, key, x,
-                                                ctx.stage.run_cfg.activation_encoding)
         hop = header.hop + 1
+        tensor, payload = await ctx.compute.run(ctx.boundary.forward_encoded, forward, key, x,
+                                                ctx.stage.run_cfg.activation_encoding, header.route[hop],
+                                                header.hop)
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor,
                                                         versions=[*header.versions, int(rt.version)]), payload)
+        ctx.boundary.sent(header.route[hop], tensor)
 
     async def _last_if_ready(self, key: str) -> None:
         ctx, rt, run_cfg = self.ctx, self.ctx.stage.rt, self.ctx.stage.run_cfg
@@ -214,10 +218,12 @@ class Training:
         if len(route) == 1:
             await ctx.coordinator.send(messages.MbDone(step=step, mb=mb))
             return
-        tensor, payload = await ctx.compute.run(encode_gradient, grad_in, run_cfg.activation_encoding)
         hop = len(route) - 2
+        tensor, payload = await ctx.compute.run(ctx.boundary.encode, "grad", grad_in, run_cfg.activation_encoding,
+                                                route[hop], len(route) - 1)
         await ctx.peers.send(route[hop], Grad(job=key, route=route, hop=hop, tensor=tensor, step=step, mb=mb,
                                               ticket=out.ticket), payload)
+        ctx.boundary.sent(route[hop], tensor)
 
     async def _back(self, header: Grad, g: np.ndarray, key: str) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
@@ -226,9 +232,11 @@ class Training:
         if ctx.stage.spec.is_first:
             await ctx.coordinator.send(messages.MbDone(step=header.step, mb=header.mb))
             return
-        tensor, payload = await ctx.compute.run(encode_gradient, grad_in, ctx.stage.run_cfg.activation_encoding)
         hop = header.hop - 1
+        tensor, payload = await ctx.compute.run(ctx.boundary.encode, "grad", grad_in,
+                                                ctx.stage.run_cfg.activation_encoding, header.route[hop], header.hop)
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, tensor=tensor), payload)
+        ctx.boundary.sent(header.route[hop], tensor)
 
     # ------------------------------------------------------------------ step boundaries
     async def abort(self, step: int) -> None:

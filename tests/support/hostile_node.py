@@ -155,10 +155,10 @@ def forged_grad(job: str, route: list[str], *, step: int, mb: int, rows: int, to
     import numpy as np
 
     from engine.swarm import messages
-    from engine.swarm.pipeline_hops import encode_activation
+    from engine.swarm.pipeline_hops import encode_with
 
     g = np.random.default_rng(seed).standard_normal((rows, tokens, hidden)).astype(np.float32) * 1e3
-    tensor, payload = encode_activation(g, "fp32")
+    tensor, payload = encode_with(g, "fp32", {})
     return messages.Grad(job=job, route=route, hop=0, tensor=tensor, step=step, mb=mb), payload
 
 

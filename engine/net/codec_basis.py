@@ -1,0 +1,304 @@
+"""The ``basis`` encoding: rows as int8 coefficients in a basis both ends hold, plus exact outliers.
+
+``subspace`` (``codec_subspace``) sends each tensor's own basis in its payload: no state,
+but on SmolLM2's 576-wide boundary a rank-128 basis costs as much as ~30 float32 rows, so a
+decoding step (one row per sequence) pays the basis for a handful of rows and rank 128
+ends at ~11x fewer bytes than float32. Here the basis is fitted once from the rows a
+stage has already sent (``Basis.fit``), identified by a content hash (``basis_id``) and
+sent *once per link* (``inline``); every later tensor names it and carries only
+
+* each row's coefficients ``(row - mean) @ pinv(basis)`` as ``codec_int8`` rows (per-row
+  scales, column-scaled when the coefficients' spreads differ, as principal components do);
+* the ``outliers`` entries the low-rank rows miss most (the massive activations of a
+  pretrained model's attention sink are the first of them), exact as bfloat16, positions as
+  varint gaps (``codec_topk``'s writing).
+
+Rank 128 of 576 then costs ~135 bytes a row (17x fewer than float32), rank 64 ~70 (33x).
+Payload, in order (little-endian)::
+
+    [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
+    [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled per params
+    [outlier positions: varint gaps, index_bytes long]
+    [outlier values: bfloat16 bits as uint16 x outliers]
+
+    value = mean + coefficients @ vectors, then value[position] = outlier
+
+The receiver checks an inline basis against its id (sha-256 of its shape and bytes), so a
+sender cannot make one id mean two bases, and stores it in a :class:`BasisBook` (bounded,
+least recently used out); a tensor naming a basis the book lacks is a WireFormatError.
+Decoding does a matrix product: machines may decode a few ulps apart (fine for
+activations, not for shadow copies).
+
+What this module does not know: when a basis is fitted, which link has seen which basis
+(``engine.swarm.boundary_basis``), header checks (``tensor_codec``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import ml_dtypes
+import numpy as np
+from msgspec import Meta
+
+from engine.net import codec_int8
+from engine.net.codec_checks import PayloadReader, convert_params, require_in_range
+from engine.net.codec_topk import varint_decode, varint_encode
+from engine.net.errors import WireFormatError
+from engine.net.wire import WireRecord
+
+#: most basis vectors and columns one basis may have (4 MiB of bfloat16 at most)
+MAX_RANK = 512
+MAX_COLS = 1 << 12
+#: default share of entries sent exactly as outliers
+DEFAULT_OUTLIER_FRACTION = 0.001
+#: bytes of a basis id (128 bits of sha-256)
+BASIS_ID_BYTES = 16
+#: rounds of refitting the rows whose largest entries travel exactly
+FILL_ROUNDS = 4
+#: bases a book keeps per sender before the least recently used goes
+DEFAULT_BOOK_CAPACITY = 8
+_VARINT_MAX_BYTES = 5
+_BF16 = ml_dtypes.bfloat16
+_ID_DOMAIN = b"polis-basis-v1"
+
+
+def basis_id_of(rank: int, cols: int, body: bytes) -> bytes:
+    """Content id of a basis: sha-256 over its shape and its wire bytes (mean, vectors)."""
+    digest = hashlib.sha256(_ID_DOMAIN + rank.to_bytes(4, "little") + cols.to_bytes(4, "little") + body)
+    return digest.digest()[:BASIS_ID_BYTES]
+
+
+@dataclass(frozen=True, eq=False)
+class Basis:
+    """A row mean and ``rank`` basis vectors (bfloat16-exact float32), with their content id."""
+
+    mean: np.ndarray  # float32 [cols]
+    vectors: np.ndarray  # float32 [rank, cols], every value exact in bfloat16
+    basis_id: bytes
+    _pinv: list = field(default_factory=list, repr=False)  # encoder's cache: [cols, rank] float32
+
+    @property
+    def rank(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the basis costs inline (what a link pays once)."""
+        return 4 * self.cols + 2 * self.rank * self.cols
+
+    def to_bytes(self) -> bytes:
+        bits = self.vectors.astype(_BF16).view("<u2")
+        return self.mean.astype("<f4").tobytes() + np.ascontiguousarray(bits).tobytes()
+
+    @classmethod
+    def from_arrays(cls, mean: np.ndarray, vectors: np.ndarray) -> Basis:
+        """A basis of ``mean [cols]`` and ``vectors [rank, cols]`` (rounded to bfloat16)."""
+        mean = np.ascontiguousarray(mean, dtype=np.float32).reshape(-1)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32).astype(_BF16).astype(np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != mean.shape[0]:
+            raise ValueError(f"vectors of shape {vectors.shape} do not fit a mean of {mean.shape[0]} columns")
+        if not 1 <= vectors.shape[0] <= MAX_RANK or not 1 <= mean.shape[0] <= MAX_COLS:
+            raise ValueError(f"a basis has 1..{MAX_RANK} vectors of 1..{MAX_COLS} columns, got {vectors.shape}")
+        if not (np.isfinite(mean).all() and np.isfinite(vectors).all()):
+            raise ValueError("a basis must be finite")
+        body = mean.astype("<f4").tobytes() + vectors.astype(_BF16).view("<u2").tobytes()
+        return cls(mean, vectors, basis_id_of(vectors.shape[0], mean.shape[0], body))
+
+    @classmethod
+    def fit(cls, rows: np.ndarray, rank: int, outlier_fraction: float = DEFAULT_OUTLIER_FRACTION) -> Basis:
+        """The mean and top ``rank`` principal directions of ``rows [n, cols]``, the largest
+        ``outlier_fraction`` of entries replaced by their column's mean first (they travel
+        exactly, so they must not pull the directions the other entries are fitted in)."""
+        matrix = np.asarray(rows, dtype=np.float64)
+        if matrix.ndim != 2 or not matrix.size:
+            raise ValueError(f"fit needs rows [n, cols], got shape {matrix.shape}")
+        if not np.isfinite(matrix).all():
+            raise ValueError("fit needs finite rows")
+        n, cols = matrix.shape
+        rank = max(1, min(int(rank), cols, MAX_RANK))
+        n_out = min(matrix.size, math.ceil(outlier_fraction * matrix.size)) if outlier_fraction > 0 else 0
+        mean, top = _principal(matrix, rank)
+        if n_out:  # refill the largest entries with what the fit of the others says, and fit again
+            positions = np.argpartition(np.abs(matrix - mean).reshape(-1), matrix.size - n_out)[matrix.size - n_out:]
+            keep = np.ones(matrix.size, bool)
+            keep[positions] = False
+            keep2 = keep.reshape(n, cols)
+            col_mean = (matrix * keep2).sum(axis=0) / np.maximum(keep2.sum(axis=0), 1)
+            matrix = matrix.copy()
+            matrix.reshape(-1)[positions] = col_mean[positions % cols]
+            for _ in range(FILL_ROUNDS):
+                mean, top = _principal(matrix, rank)
+                fit = (matrix - mean) @ top.T @ top + mean
+                matrix.reshape(-1)[positions] = fit.reshape(-1)[positions]
+            mean, top = _principal(matrix, rank)
+        signs = np.sign(top[np.arange(rank), np.abs(top).argmax(axis=1)])  # deterministic orientation
+        return cls.from_arrays(mean, top * np.where(signs == 0, 1.0, signs)[:, None])
+
+    def pinv(self) -> np.ndarray:
+        """``[cols, rank]``: least-squares coefficients of rows in the (bfloat16-rounded) vectors."""
+        if not self._pinv:
+            v = self.vectors.astype(np.float64)
+            self._pinv.append(np.linalg.solve(v @ v.T, v).T.astype(np.float32))
+        return self._pinv[0]
+
+
+def _principal(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(column mean, top ``rank`` principal directions as rows) of float64 ``matrix``."""
+    mean = matrix.mean(axis=0)
+    centred = matrix - mean
+    _, vectors = np.linalg.eigh(centred.T @ centred)
+    return mean, vectors[:, ::-1][:, :rank].T
+
+
+def read_basis(reader: PayloadReader, rank: int, cols: int) -> Basis:
+    """An inline basis from an untrusted payload (finite values, or a WireFormatError)."""
+    mean = reader.take(cols, "<f4", "basis mean")
+    vectors = reader.take(rank * cols, "<u2", "basis vectors").view(_BF16).astype(np.float32).reshape(rank, cols)
+    if not (np.isfinite(mean).all() and np.isfinite(vectors).all()):
+        raise WireFormatError("inline basis contains NaN or inf")
+    return Basis.from_arrays(mean.copy(), vectors)
+
+
+class BasisBook:
+    """The bases one receiver holds from one sender, by id; at most ``capacity``, least recently used out."""
+
+    def __init__(self, capacity: int = DEFAULT_BOOK_CAPACITY) -> None:
+        self.capacity = capacity
+        self._bases: OrderedDict[bytes, Basis] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._bases)
+
+    def add(self, basis: Basis) -> None:
+        self._bases[basis.basis_id] = basis
+        self._bases.move_to_end(basis.basis_id)
+        while len(self._bases) > self.capacity:
+            self._bases.popitem(last=False)
+
+    def get(self, basis_id: bytes) -> Basis | None:
+        basis = self._bases.get(basis_id)
+        if basis is not None:
+            self._bases.move_to_end(basis_id)
+        return basis
+
+
+class BasisParams(WireRecord, frozen=True):
+    """The header params of ``basis`` (bounds that depend on the shape are checked in decode).
+
+    Short names: a decoding step of a small model is a few hundred bytes, the header a good part of it."""
+
+    id: Annotated[bytes, Meta(min_length=BASIS_ID_BYTES, max_length=BASIS_ID_BYTES)]  # the basis's content id
+    rank: Annotated[int, Meta(ge=1, le=MAX_RANK)]  # its vectors
+    inline: bool  # the basis leads the payload (the first tensor a link carries in it)
+    col_scaled: bool  # the coefficients' int8 payload carries column scales
+    outliers: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent exactly (<= the tensor's elements)
+    index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of the outliers' positions
+
+
+def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
+                   outlier_index_bytes: int) -> int:
+    """Exact payload length the params imply (the decoder refuses any other)."""
+    basis = (4 * cols + 2 * rank * cols) if inline else 0
+    coef = ((4 + rank) if coef_col_scaled else 0) + 4 + rows + rows * rank
+    return basis + coef + outlier_index_bytes + 2 * outliers
+
+
+def encode(array: np.ndarray, basis: Basis, inline: bool = False,
+           outlier_fraction: float = DEFAULT_OUTLIER_FRACTION) -> tuple[dict[str, Any], bytes]:
+    """Encode a float32 array whose last dim is ``basis.cols`` (ValueError for a sender mistake)."""
+    if not isinstance(basis, Basis):
+        raise ValueError("the basis encoding needs a Basis")
+    if not np.isfinite(array).all():
+        raise ValueError("basis cannot encode NaN or inf")
+    if not 0.0 <= outlier_fraction <= 1.0:
+        raise ValueError(f"outlier_fraction must be in [0, 1], got {outlier_fraction}")
+    rows, cols = codec_int8.rows_and_cols(array.shape, array.size)
+    if cols != basis.cols:
+        raise ValueError(f"rows of {cols} values do not fit a basis of {basis.cols} columns")
+    matrix = array.reshape(rows, cols).astype(np.float32, copy=False)
+    n_out = min(array.size, math.ceil(outlier_fraction * array.size)) if outlier_fraction > 0 and rows else 0
+    coef = (matrix - basis.mean) @ basis.pinv()
+    if n_out:  # the massive entries travel exactly: fit the rows without them
+        big = np.argpartition(np.abs(matrix - basis.mean).reshape(-1), matrix.size - n_out)[matrix.size - n_out:]
+        touched = np.unique(big // cols)
+        sub = matrix[touched].copy()  # only rows holding such an entry are refitted
+        local = np.searchsorted(touched, big // cols) * cols + big % cols
+        sub.reshape(-1)[local] = basis.mean[big % cols]
+        for _ in range(FILL_ROUNDS):  # converges to the least-squares fit of the other entries
+            fit = (sub - basis.mean) @ basis.pinv()
+            sub.reshape(-1)[local] = (fit @ basis.vectors + basis.mean).reshape(-1)[local]
+        coef[touched] = (sub - basis.mean) @ basis.pinv()
+    coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32))
+    coef_q = codec_int8.decode((rows, basis.rank), rows * basis.rank, coef_params,
+                               PayloadReader(memoryview(coef_payload))).reshape(rows, basis.rank)
+    parts = [basis.to_bytes()] if inline else []
+    parts.append(coef_payload)
+    index_section = b""
+    if n_out:  # the entries the decoded rows miss most
+        miss = np.abs(matrix - (coef_q @ basis.vectors + basis.mean)).reshape(-1)
+        positions = np.sort(np.argpartition(miss, miss.size - n_out)[miss.size - n_out:]).astype(np.int64)
+        index_section = varint_encode(np.diff(positions, prepend=-1) - 1)
+        values = matrix.reshape(-1)[positions].astype(_BF16).view("<u2")
+        parts += [index_section, values.tobytes()]
+    params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
+              "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
+              "index_bytes": len(index_section)}
+    return params, b"".join(parts)
+
+
+def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReader,
+           book: BasisBook | None) -> np.ndarray:
+    """Decode an untrusted payload into a flat float32 array (raises WireFormatError); an inline
+    basis that matches its id goes into ``book`` first."""
+    typed = convert_params(params, BasisParams, "basis params")
+    if book is None:
+        raise WireFormatError("a 'basis' tensor arrived where no basis book is kept")
+    rows, cols = codec_int8.rows_and_cols(shape, numel)
+    require_in_range(cols, "columns", 1, MAX_COLS)
+    n_out = require_in_range(typed.outliers, "outliers", 0, numel)
+    index_bytes = require_in_range(typed.index_bytes, "index_bytes", n_out,
+                                   _VARINT_MAX_BYTES * n_out)
+    reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
+                                       coef_col_scaled=typed.col_scaled, outliers=n_out,
+                                       outlier_index_bytes=index_bytes))
+    if typed.inline:
+        basis = read_basis(reader, typed.rank, cols)
+        if basis.basis_id != typed.id:
+            raise WireFormatError(f"inline basis hashes to {basis.basis_id.hex()}, not the {typed.id.hex()} it claims")
+        book.add(basis)
+    else:
+        found = book.get(typed.id)
+        if found is None:
+            raise WireFormatError(f"basis {typed.id.hex()} was never received from this sender")
+        basis = found
+    if basis.rank != typed.rank or basis.cols != cols:
+        raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
+                              f"{typed.rank} x {cols}")
+    coef_section = reader.take(((4 + typed.rank) if typed.col_scaled else 0) + 4 + rows + rows * typed.rank,
+                               np.uint8, "coefficients")
+    try:
+        coef = codec_int8.decode((rows, typed.rank), rows * typed.rank, {"col_scaled": typed.col_scaled},
+                                 PayloadReader(memoryview(coef_section.tobytes())))
+    except WireFormatError as exc:
+        raise WireFormatError(f"coefficients: {exc}") from None
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
+        out = coef.reshape(rows, typed.rank) @ basis.vectors + basis.mean
+    if n_out:
+        gaps = varint_decode(reader.take(index_bytes, np.uint8, "outlier positions"), n_out)
+        if int(gaps.max()) >= numel:
+            raise WireFormatError("outlier gap beyond the tensor")
+        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
+        if int(positions[-1]) >= numel:
+            raise WireFormatError(f"outlier position {int(positions[-1])} beyond {numel} elements")
+        values = reader.take(n_out, "<u2", "outlier values").view(_BF16).astype(np.float32)
+        out.reshape(-1)[positions.astype(np.int64)] = values
+    return out.reshape(-1).astype(np.float32, copy=False)

@@ -1,0 +1,147 @@
+"""The state behind the ``basis_r<k>`` activation schemes: bases a stage fits from what it sends, who holds them.
+
+A ``basis`` scheme (``pipeline_hops.ACTIVATION_SCHEMES``) sends rows as coefficients in a
+basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
+:class:`BoundaryCodec`:
+
+* per direction it sends in (``act`` forward, ``grad`` back) and stage it holds, a
+  :class:`BasisFitter`: the first ``calibration_rows`` rows it sends go with the scheme's
+  fallback (int8 rows with exact outliers) and are kept; then the basis is fitted from
+  them and used for the later tensors (the sending stage's own activations, from the
+  task's training stream: no calibration pass, nothing to agree on); a scheme with
+  ``refit_rows`` refits from the latest rows after every that many rows (full fine-tuning
+  moves the activations; each refit is a new basis, sent once per link);
+* which peers hold which of its bases: a basis travels inline in the first tensor to a
+  peer, and is named only after that tensor's ``send`` returned (a link delivers messages
+  in call order, so the receiver has it first); a new link to a peer forgets what it held
+  (a restarted peer starts with an empty book);
+* per sender, the :class:`~engine.net.codec_basis.BasisBook` of bases received (bounded;
+  a tensor naming a basis never received is a WireFormatError against its sender).
+
+Encoding runs on the compute thread, ``sent``/``forget_peer``/decoding on the event loop:
+what both touch is under a lock. What it does not know: jobs, links, which scheme is good.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.net.codec_basis import Basis, BasisBook
+from engine.swarm.pipeline_hops import decode_activation, encode_with, scheme_of
+
+#: rows a stage sends in one direction before it fits that direction's basis
+DEFAULT_CALIBRATION_ROWS = 2048
+#: rows after which a stage refits its basis from the latest rows (full fine-tuning moves activations)
+DEFAULT_REFIT_ROWS = 32 * DEFAULT_CALIBRATION_ROWS
+#: what a ``basis`` direction sends before its basis is fitted: int8 rows with exact outliers
+_FALLBACK: tuple[str, dict[str, Any]] = ("subspace", {"rank": 0})
+#: senders whose books a node keeps (least recently heard from out)
+MAX_SENDER_BOOKS = 64
+
+
+class BasisFitter:
+    """Fits one direction's basis from the first ``calibration_rows`` rows it sends, and (with
+    ``refit_rows``) again from the latest ``calibration_rows`` rows after every ``refit_rows`` more
+    (the weights move under training; a refitted basis is a new one, sent once per link again)."""
+
+    def __init__(self, rank: int, calibration_rows: int = DEFAULT_CALIBRATION_ROWS, refit_rows: int = 0,
+                 outlier_fraction: float | None = None) -> None:
+        self.rank = rank
+        self.calibration_rows = calibration_rows
+        self.refit_rows = refit_rows
+        self.outlier_fraction = outlier_fraction
+        self._rows: list[np.ndarray] = []
+        self._kept = 0  # rows in self._rows
+        self._since_fit = 0  # rows seen since the last fit
+        self.basis: Basis | None = None
+        self.fits = 0
+
+    def observe(self, x: np.ndarray) -> Basis | None:
+        """The basis to send ``x`` in (fitted from the rows so far, ``x``'s included), or None
+        while calibrating (``x`` then goes with the fallback)."""
+        if self.basis is not None and not self.refit_rows:
+            return self.basis
+        rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
+        self._since_fit += rows.shape[0]
+        self._rows.append(rows[-self.calibration_rows:].copy())
+        self._kept += self._rows[-1].shape[0]
+        while self._kept - self._rows[0].shape[0] >= self.calibration_rows:  # keep the latest rows only
+            self._kept -= self._rows.pop(0).shape[0]
+        due = self.basis is None and self._kept >= self.calibration_rows
+        if due or (self.basis is not None and self._since_fit >= self.refit_rows):
+            extra = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
+            self.basis = Basis.fit(np.concatenate(self._rows)[-self.calibration_rows:], self.rank, **extra)
+            self._since_fit = 0
+            self.fits += 1
+        return self.basis
+
+
+class BoundaryCodec:
+    """One node's encoder and decoder of stage-boundary tensors (see the module docstring)."""
+
+    def __init__(self, calibration_rows: int = DEFAULT_CALIBRATION_ROWS,
+                 refit_rows: int = DEFAULT_REFIT_ROWS) -> None:
+        self.calibration_rows = calibration_rows
+        self.refit_rows = refit_rows
+        self._fitters: dict[tuple[int, str, str], BasisFitter] = {}
+        self._held: dict[str, set[bytes]] = {}  # peer -> ids of our bases it holds
+        self._books: OrderedDict[str, BasisBook] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ sending (compute thread)
+    def encode(self, kind: str, x: np.ndarray, encoding: str, peer: str, stage_index: int = 0) -> tuple[dict, bytes]:
+        """``(tensor header, payload)`` of activations (``kind="act"``) or input gradients
+        (``"grad"``) ``x`` for ``peer``, with that half of scheme ``encoding``."""
+        scheme = scheme_of(encoding)
+        wire, params = (scheme.encoding, scheme.params) if kind == "act" else (scheme.grad_encoding, scheme.grad_params)
+        if wire != "basis":
+            return encode_with(x, wire, params)
+        basis = self._fitter(stage_index, kind, encoding, params).observe(x)
+        if basis is None:
+            return encode_with(x, *_FALLBACK)
+        with self._lock:
+            inline = basis.basis_id not in self._held.get(peer, ())
+        extra = {k: v for k, v in params.items() if k == "outlier_fraction"}
+        return encode_with(x, "basis", {"basis": basis, "inline": inline, **extra})
+
+    def forward_encoded(self, forward: Callable[[str, np.ndarray], np.ndarray], key: str, x: np.ndarray,
+                        encoding: str, peer: str, stage_index: int = 0) -> tuple[dict, bytes]:
+        """Compute thread: run a stage forward and encode its output for ``peer``, in one hop."""
+        return self.encode("act", forward(key, x), encoding, peer, stage_index)
+
+    def _fitter(self, stage_index: int, kind: str, encoding: str, params: dict[str, Any]) -> BasisFitter:
+        key = (stage_index, kind, encoding)
+        fitter = self._fitters.get(key)
+        if fitter is None:
+            fitter = self._fitters[key] = BasisFitter(int(params["rank"]), self.calibration_rows,
+                                                      int(params.get("refit_rows", self.refit_rows)),
+                                                      params.get("outlier_fraction"))
+        return fitter
+
+    # ------------------------------------------------------------------ links (event loop)
+    def sent(self, peer: str, header: dict) -> None:
+        """``header``'s tensor was handed to ``peer``'s link: an inline basis is now held there."""
+        if header.get("encoding") == "basis" and header.get("params", {}).get("inline"):
+            with self._lock:
+                self._held.setdefault(peer, set()).add(header["params"]["id"])
+
+    def forget_peer(self, peer: str) -> None:
+        """A new link to ``peer``: it may hold none of our bases (the next tensor carries them again)."""
+        with self._lock:
+            self._held.pop(peer, None)
+
+    # ------------------------------------------------------------------ receiving (event loop)
+    def decode(self, header: dict, payload: bytes, hidden_size: int, sender: str) -> np.ndarray:
+        """A ``[rows, tokens, hidden]`` tensor from ``sender`` (ProtocolViolation/WireFormatError on bad input)."""
+        book = self._books.get(sender)
+        if book is None:
+            book = self._books[sender] = BasisBook()
+            while len(self._books) > MAX_SENDER_BOOKS:
+                self._books.popitem(last=False)
+        self._books.move_to_end(sender)
+        return decode_activation(header, payload, hidden_size, bases=book)

@@ -1,0 +1,58 @@
+"""Two real nodes (torch, the shipped base, links in memory) on a ``basis`` activation scheme."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.swarm import messages
+from engine.swarm.boundary_basis import BoundaryCodec
+from engine.swarm.run_config import RunConfig
+from tests.support.memory_wire import MemoryWire
+from tests.unit.test_node_pipeline import P0, P1, P2, PARAMS, _node, _run, _send, _sent, _until, _welcome
+
+pytest.importorskip("torch")
+
+
+def _basis_welcome(stage: int) -> dict:
+    return dict(_welcome(stage), run=RunConfig(activation_encoding="basis_r8").to_dict())
+
+
+def test_nodes_send_the_basis_once_then_coefficients_and_strike_a_sender_naming_one_never_sent():
+    wire = MemoryWire()
+    nodes = []
+
+    async def scenario():
+        first, last = _node(P0, wire), _node(P1, wire)
+        nodes.extend([first, last])
+        first.ctx.boundary = BoundaryCodec(calibration_rows=4)  # the first job calibrates
+        sent_headers = []
+        real_encode = first.ctx.boundary.encode
+
+        def spy(*args, **kwargs):
+            header, payload = real_encode(*args, **kwargs)
+            sent_headers.append(header)
+            return header, payload
+        first.ctx.boundary.encode = spy
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0, P2], [P1]], "version": 0})
+        _send(first, _basis_welcome(0))
+        _send(last, _basis_welcome(1))
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        for job in ("g1", "g2"):
+            _send(first, {"type": "gen", "job": job, "route": [P0, P1], "prompt_ids": [[1, 5, 6], [1, 7, 8]],
+                          "params": PARAMS})
+            await _until(f"{job} done", lambda j=job: [d for d in _sent(last, messages.GenDone) if d.job == j])
+        inline = [h["params"]["inline"] for h in sent_headers]
+        assert all(h["encoding"] == "basis" for h in sent_headers) and inline[0] and not any(inline[1:])
+        assert not wire.strikes[(P1, P0)]
+
+        # P2 (a stage-0 member) names P0's basis, which P1 holds from P0 only: refused, a strike against P2
+        header, payload = real_encode("act", np.ones((2, 3, 64), np.float32), "basis_r8", P1)
+        assert header["params"]["inline"] is False
+        await wire.send(P2, P1, messages.Act(kind="gen", job="g3", route=[P2, P1], hop=1, versions=[0],
+                                             tensor=header, step=0, mb=0, params=PARAMS), payload)
+        assert "never received" in wire.strikes[(P1, P2)][0]
+
+    _run(scenario, nodes)
