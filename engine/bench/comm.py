@@ -58,6 +58,8 @@ SCHEMES: list[Scheme] = [
     Scheme("int8_every_step", ("update_encoding=int8",), "int8 per-row gradients, every step (today's default)"),
     Scheme("diloco_h1_fp32", ("replica_sync.mode=diloco", "replica_sync.inner_steps=1", "replica_sync.encoding=fp32"),
            "DiLoCo at H=1, lossless: each replica's own AdamW step, then the mean (no saving; isolates local AdamW)"),
+    Scheme("act_basis_r32", ("activation_encoding=basis_r32",),
+           "activations and their gradients as rank-32 coefficients in a per-stage basis sent once per link"),
     Scheme("diloco_h8_int8", ("replica_sync.mode=diloco", "replica_sync.inner_steps=8", "replica_sync.encoding=int8"),
            "DiLoCo: 8 inner steps, int8 pseudo-gradients, averaging"),
     Scheme("sparseloco_h8_top2_2bit", ("replica_sync.mode=diloco", "replica_sync.inner_steps=8",
