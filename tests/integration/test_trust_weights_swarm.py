@@ -52,11 +52,13 @@ def test_a_lowest_id_replica_serving_random_weights_is_outvoted_resynced_and_evi
         assert not any(n["peer_id"] == liar and n["ready"] for n in stats["nodes"])
         assert stats["stages"][0]["leader"] in honest
         at_eviction = stats["version"]
-        stats = swarm.wait(lambda s: s["version"] >= at_eviction + 3, timeout_s=120,
-                           what="training to go on with the honest two")
+        # both honest replicas serving again (one may be briefly out, e.g. reconnecting its link, at any
+        # one instant: in a fresh-clone CI run one was missing from the snapshot this used to take)
+        stats = swarm.wait(lambda s: s["version"] >= at_eviction + 3 and set(s["stages"][0]["replicas"]) == honest,
+                           timeout_s=120, what="training to go on with the honest two")
         votes = stats["weight_votes"]
         assert votes.get("splits", 0) == 0, votes  # the honest two agreed at every vote
-        assert stats["stages"][0]["leader"] in honest and set(stats["stages"][0]["replicas"]) == honest
+        assert stats["stages"][0]["leader"] in honest
         audit = stats["logprob_audit"]  # honest generators, checked on the other replica: far below the limit
         assert all(audit[p]["gross"] == 0 and audit[p]["max_mismatch_nats"] < GROSS_MISMATCH_NATS / 4
                    for p in honest if p in audit), audit
