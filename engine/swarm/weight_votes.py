@@ -169,8 +169,11 @@ class WeightAuthority:
         another. A trainer that finished loading after training began holds weights some
         versions old; with two replicas it would split every vote for good. The newcomers are
         resynced from the incumbents, never the other way round, so a joining node cannot
-        take a stage over; incumbents that disagree among themselves decide nothing."""
-        last = self._majority.get(stage, set())
+        take a stage over; incumbents that disagree among themselves decide nothing. Before
+        the stage's first majority the named leader is the incumbent (two replicas that split
+        at their very first vote, one of them a step behind, would otherwise never agree)."""
+        # before any majority: the named leader (the earliest admitted trainer) is the incumbent
+        last = self._majority.get(stage) or ({self._leaders[stage]} if stage in self._leaders else set())
         incumbents = {reported[p] for p in reported if p in last}
         newcomers = [p for p in reported if p not in last]
         if len(incumbents) != 1 or not newcomers:

@@ -57,7 +57,9 @@ def test_the_leader_is_the_earliest_admitted_and_the_majority_not_the_smallest_i
     trainers = [(2.0, "0000-keygen-winner"), (1.0, "zzzz-first")]
     assert auth.leader(0, trainers) == "zzzz-first"  # generating a small id wins nothing
     vote = auth.vote(0, {"0000-keygen-winner": "aa" * 16, "zzzz-first": "bb" * 16})
-    assert vote.majority is None and not vote.resync and auth.counters["splits"] == 1  # two cannot tell
+    # two cannot tell by count: before any majority the named leader is the incumbent, never the keygen winner
+    assert vote.majority == "bb" * 16 and vote.resync == [("0000-keygen-winner", "zzzz-first")]
+    assert auth.counters["incumbent_decisions"] == 1 and auth.counters["splits"] == 0
     trainers.append((3.0, "mmmm-third"))
     vote = auth.vote(0, {"0000-keygen-winner": "aa" * 16, "zzzz-first": "bb" * 16, "mmmm-third": "aa" * 16})
     assert vote.majority == "aa" * 16 and vote.resync == [("zzzz-first", "0000-keygen-winner")]
