@@ -45,9 +45,8 @@ import ml_dtypes
 import numpy as np
 from msgspec import Meta
 
-from engine.net import codec_int8
+from engine.net import codec_int8, codec_outliers
 from engine.net.codec_checks import PayloadReader, convert_params, require_in_range
-from engine.net.codec_topk import varint_decode, varint_encode
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
 
@@ -208,8 +207,7 @@ def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_sc
                    outlier_index_bytes: int) -> int:
     """Exact payload length the params imply (the decoder refuses any other)."""
     basis = (4 * cols + 2 * rank * cols) if inline else 0
-    coef = ((4 + rank) if coef_col_scaled else 0) + 4 + rows + rows * rank
-    return basis + coef + outlier_index_bytes + 2 * outliers
+    return basis + codec_int8.payload_nbytes(rows, rank, coef_col_scaled) + outlier_index_bytes + 2 * outliers
 
 
 def encode(array: np.ndarray, basis: Basis, inline: bool = False,
@@ -246,9 +244,8 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     if n_out:  # the entries the decoded rows miss most
         miss = np.abs(matrix - (coef_q @ basis.vectors + basis.mean)).reshape(-1)
         positions = np.sort(np.argpartition(miss, miss.size - n_out)[miss.size - n_out:]).astype(np.int64)
-        index_section = varint_encode(np.diff(positions, prepend=-1) - 1)
-        values = matrix.reshape(-1)[positions].astype(_BF16).view("<u2")
-        parts += [index_section, values.tobytes()]
+        index_section, values = codec_outliers.pack(matrix.reshape(-1), positions)
+        parts += [index_section, values]
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
               "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
               "index_bytes": len(index_section)}
@@ -283,22 +280,8 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     if basis.rank != typed.rank or basis.cols != cols:
         raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
                               f"{typed.rank} x {cols}")
-    coef_section = reader.take(((4 + typed.rank) if typed.col_scaled else 0) + 4 + rows + rows * typed.rank,
-                               np.uint8, "coefficients")
-    try:
-        coef = codec_int8.decode((rows, typed.rank), rows * typed.rank, {"col_scaled": typed.col_scaled},
-                                 PayloadReader(memoryview(coef_section.tobytes())))
-    except WireFormatError as exc:
-        raise WireFormatError(f"coefficients: {exc}") from None
+    coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients")
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
         out = coef.reshape(rows, typed.rank) @ basis.vectors + basis.mean
-    if n_out:
-        gaps = varint_decode(reader.take(index_bytes, np.uint8, "outlier positions"), n_out)
-        if int(gaps.max()) >= numel:
-            raise WireFormatError("outlier gap beyond the tensor")
-        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
-        if int(positions[-1]) >= numel:
-            raise WireFormatError(f"outlier position {int(positions[-1])} beyond {numel} elements")
-        values = reader.take(n_out, "<u2", "outlier values").view(_BF16).astype(np.float32)
-        out.reshape(-1)[positions.astype(np.int64)] = values
+    codec_outliers.apply(reader, out, n_out, index_bytes)
     return out.reshape(-1).astype(np.float32, copy=False)

@@ -131,7 +131,7 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     """Decode an untrusted payload into a flat float32 array (raises WireFormatError)."""
     col_scaled = convert_params(params, Int8Params, "int8_rowwise params").col_scaled
     rows, cols = rows_and_cols(shape, numel)
-    reader.expect_total(((4 + cols) if col_scaled else 0) + 4 + rows + numel)
+    reader.expect_total(payload_nbytes(rows, cols, col_scaled))
     col_scales = _take_log_scales(reader, cols, "column scales", 1.0) if col_scaled else None
     row_scales = _take_log_scales(reader, rows, "row scales", MAX_CODE + 1)
     if col_scales is not None and col_scales.size and row_scales.size:
@@ -142,3 +142,19 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     if col_scales is not None:
         out *= col_scales[None, :]
     return out.reshape(-1)
+
+
+def payload_nbytes(rows: int, cols: int, col_scaled: bool) -> int:
+    """Bytes of an ``int8_rowwise`` payload of ``[rows, cols]`` (column scales, row scales, codes)."""
+    return ((4 + cols) if col_scaled else 0) + 4 + rows + rows * cols
+
+
+def take_matrix(reader: PayloadReader, rows: int, cols: int, col_scaled: bool, what: str) -> np.ndarray:
+    """A ``[rows, cols]`` int8_rowwise section inside a larger untrusted payload, decoded."""
+    section = reader.take(payload_nbytes(rows, cols, col_scaled), np.uint8, what)
+    try:
+        decoded = decode((rows, cols), rows * cols, {"col_scaled": col_scaled},
+                         PayloadReader(memoryview(section.tobytes())))
+    except WireFormatError as exc:
+        raise WireFormatError(f"{what}: {exc}") from None
+    return decoded.reshape(rows, cols)

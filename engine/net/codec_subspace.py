@@ -44,9 +44,8 @@ import ml_dtypes
 import numpy as np
 from msgspec import Meta
 
-from engine.net import codec_int8
+from engine.net import codec_int8, codec_outliers
 from engine.net.codec_checks import PayloadReader, convert_params, require_in_range
-from engine.net.codec_topk import varint_decode, varint_encode
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
 
@@ -75,14 +74,10 @@ def payload_nbytes(rows: int, cols: int, rank: int, *, centred: bool, coef_col_s
     """Exact payload length the params imply (the decoder refuses any other)."""
     total = 4 * cols if centred else 0
     if rank:
-        total += _int8_nbytes(rank, cols, False) + _int8_nbytes(rows, rank, coef_col_scaled)
+        total += codec_int8.payload_nbytes(rank, cols, False) + codec_int8.payload_nbytes(rows, rank, coef_col_scaled)
     if residual:
-        total += _int8_nbytes(rows, cols, residual_col_scaled)
+        total += codec_int8.payload_nbytes(rows, cols, residual_col_scaled)
     return total + outlier_index_bytes + 2 * outliers
-
-
-def _int8_nbytes(rows: int, cols: int, col_scaled: bool) -> int:
-    return ((4 + cols) if col_scaled else 0) + 4 + rows + rows * cols
 
 
 def _top_basis(matrix: np.ndarray, rank: int) -> np.ndarray:
@@ -170,23 +165,12 @@ def encode(array: np.ndarray, rank: int = 32, outlier_fraction: float = DEFAULT_
     if residual:
         residual_col_scaled, res_payload, _ = _int8_roundtrip(centred_rest - approx, "auto")
         parts.append(res_payload)
-    index_section = varint_encode(np.diff(positions, prepend=-1) - 1) if n_out else b""
-    values = flat[positions].astype(np.float32).astype(ml_dtypes.bfloat16).view("<u2")
-    parts += [index_section, values.tobytes()]
+    index_section, values = codec_outliers.pack(flat, positions)
+    parts += [index_section, values]
     params = {"rank": int(rank), "centred": bool(centred), "coef_col_scaled": coef_col_scaled,
               "residual": bool(residual), "residual_col_scaled": residual_col_scaled,
               "outliers": int(n_out), "outlier_index_bytes": len(index_section)}
     return params, b"".join(parts)
-
-
-def _take_int8(reader: PayloadReader, rows: int, cols: int, col_scaled: bool, what: str) -> np.ndarray:
-    section = reader.take(_int8_nbytes(rows, cols, col_scaled), np.uint8, what)
-    try:
-        decoded = codec_int8.decode((rows, cols), rows * cols, {"col_scaled": col_scaled},
-                                    PayloadReader(memoryview(section.tobytes())))
-    except WireFormatError as exc:
-        raise WireFormatError(f"{what}: {exc}") from None
-    return decoded.reshape(rows, cols)
 
 
 def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReader) -> np.ndarray:
@@ -213,18 +197,10 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
         raise WireFormatError("coef_col_scaled without a basis")
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
         if rank:
-            basis = _take_int8(reader, rank, cols, False, "basis")
-            coef = _take_int8(reader, rows, rank, typed.coef_col_scaled, "coefficients")
+            basis = codec_int8.take_matrix(reader, rank, cols, False, "basis")
+            coef = codec_int8.take_matrix(reader, rows, rank, typed.coef_col_scaled, "coefficients")
             out += coef @ basis
         if typed.residual:
-            out += _take_int8(reader, rows, cols, typed.residual_col_scaled, "residual")
-    if n_out:
-        gaps = varint_decode(reader.take(index_bytes, np.uint8, "outlier positions"), n_out)
-        if int(gaps.max()) >= numel:
-            raise WireFormatError("outlier gap beyond the tensor")
-        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
-        if int(positions[-1]) >= numel:
-            raise WireFormatError(f"outlier position {int(positions[-1])} beyond {numel} elements")
-        values = reader.take(n_out, "<u2", "outlier values").view(ml_dtypes.bfloat16).astype(np.float32)
-        out.reshape(-1)[positions.astype(np.int64)] = values
+            out += codec_int8.take_matrix(reader, rows, cols, typed.residual_col_scaled, "residual")
+    codec_outliers.apply(reader, out, n_out, index_bytes)
     return out.reshape(-1)
