@@ -30,9 +30,11 @@ def _batch(rows: int = 4, width: int = 3) -> TrainBatch:
                       advantages=np.ones(rows, np.float32), staleness=np.zeros(rows, np.int64))
 
 
-def _swarm(silent: set[str]) -> tuple[RecordingLinks, MicrobatchDispatcher, Counter]:
-    """Honest nodes answer every micro-batch of a route with no silent node on it."""
-    links, counters = RecordingLinks.grid(GRID), Counter()
+def _swarm(silent: set[str], grid: list[list[str]] = GRID,
+           with_loss: bool = True) -> tuple[RecordingLinks, MicrobatchDispatcher, Counter]:
+    """Honest nodes answer every micro-batch of a route with no silent node on it (``mb_done``,
+    and the last stage's ``mb_loss`` first when ``with_loss``)."""
+    links, counters = RecordingLinks.grid(grid), Counter()
     dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
                                       mb_timeout_s=MB_TIMEOUT_S)
 
@@ -41,9 +43,10 @@ def _swarm(silent: set[str]) -> tuple[RecordingLinks, MicrobatchDispatcher, Coun
             return
         loop = asyncio.get_running_loop()
         first, last = message.route[0], message.route[-1]
-        loop.call_soon(dispatcher.on_mb_loss, last, messages.MbLoss(step=message.step, mb=message.mb, loss=0.0,
-                                                                    tokens=1, masked_fraction=0.0, ess=1.0,
-                                                                    clipped_fraction=0.0))
+        if with_loss:
+            loop.call_soon(dispatcher.on_mb_loss, last, messages.MbLoss(step=message.step, mb=message.mb, loss=0.0,
+                                                                        tokens=1, masked_fraction=0.0, ess=1.0,
+                                                                        clipped_fraction=0.0))
         loop.call_soon(dispatcher.on_mb_done, first, messages.MbDone(step=message.step, mb=message.mb))
     links.on_send = answer
     return links, dispatcher, counters
@@ -157,17 +160,8 @@ def test_honest_trainers_paired_with_two_silent_replicas_of_a_stage_keep_their_p
     """The shape of the real-process test's hostile phase: stage 1 holds one honest and two silent
     replicas, stage 0 four honest ones, and each route has micro-batches queued on it. Only the
     silent two are evicted (the honest trainers they were first paired with were evicted too)."""
-    links, counters = RecordingLinks.grid([["a0", "a1", "a2", "a3"], ["b0", "b1", "b2"]]), Counter()
-    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
-                                      mb_timeout_s=MB_TIMEOUT_S)
+    links, dispatcher, _ = _swarm({"b1", "b2"}, [["a0", "a1", "a2", "a3"], ["b0", "b1", "b2"]], with_loss=False)
     dispatcher.health.answered(["a0", "a1", "a2", "a3", "b0"])  # they trained before b1, b2 joined
-    silent = {"b1", "b2"}
-
-    def answer(peer, message):
-        if isinstance(message, messages.TrainOut) and not silent & set(message.route):
-            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
-                                                 messages.MbDone(step=message.step, mb=message.mb))
-    links.on_send = answer
 
     async def passes():
         return [await dispatcher.run(step, _batch(rows=16), None) for step in range(4)]
@@ -189,16 +183,7 @@ def test_a_pass_whose_every_route_is_silent_fails_at_its_attempts_not_at_the_ste
 
 
 def test_two_silent_trainers_on_different_stages_of_a_2x3_swarm_are_the_only_ones_evicted():
-    links, counters = RecordingLinks.grid([["a0", "a1", "a2"], ["b0", "b1", "b2"]]), Counter()
-    dispatcher = MicrobatchDispatcher(links, counters, micro_batch_rows=2, timeout_s=STEP_TIMEOUT_S,
-                                      mb_timeout_s=MB_TIMEOUT_S)
-    silent = {"a0", "b1"}
-
-    def answer(peer, message):
-        if isinstance(message, messages.TrainOut) and not silent & set(message.route):
-            asyncio.get_running_loop().call_soon(dispatcher.on_mb_done, message.route[0],
-                                                 messages.MbDone(step=message.step, mb=message.mb))
-    links.on_send = answer
+    links, dispatcher, _ = _swarm({"a0", "b1"}, [["a0", "a1", "a2"], ["b0", "b1", "b2"]], with_loss=False)
 
     async def passes():
         return [await dispatcher.run(step, _batch(rows=6), None) for step in range(4)]
