@@ -65,6 +65,15 @@ def _straggle(generation, job_id: str, seconds: float = 30.0) -> None:
     generation.jobs[job_id].dispatched -= seconds
 
 
+def _hedged(generation, links) -> tuple[messages.Gen, messages.Gen]:
+    """Fill, let the slow route's job straggle, fill again: ``(the slow job, its twin)``."""
+    asyncio.run(generation.fill())
+    slow_job = next(g for g in _gens(links) if g.route == SLOW)
+    _straggle(generation, slow_job.job)
+    asyncio.run(generation.fill())
+    return slow_job, _gens(links)[-1]
+
+
 def test_the_first_result_of_a_hedged_job_wins_and_the_other_is_cancelled_not_scored_twice(parts):
     generation, links, codec, store = parts
     asyncio.run(generation.fill())
@@ -95,11 +104,7 @@ def test_the_first_result_of_a_hedged_job_wins_and_the_other_is_cancelled_not_sc
 
 def test_a_hedged_job_that_fails_leaves_its_twin_to_carry_the_rows(parts):
     generation, links, codec, store = parts
-    asyncio.run(generation.fill())
-    slow_job = next(g for g in _gens(links) if g.route == SLOW)
-    _straggle(generation, slow_job.job)
-    asyncio.run(generation.fill())
-    twin = _gens(links)[-1]
+    slow_job, twin = _hedged(generation, links)
     generation.on_job_failed(SLOW[0], slow_job.job, "out of memory")
     assert generation.book.counters["failed_jobs"] == 1
     assert not generation._retry_prompts  # its prompt is not queued again: the twin still runs
@@ -121,11 +126,7 @@ def test_a_job_whose_twin_failed_is_not_hedged_again_every_tick(parts):
     """The twin was refused at once (a real run: 46 twins of one job in a second, one per tick, on
     the same route); the job carries its rows alone and is not hedged a second time."""
     generation, links, codec, store = parts
-    asyncio.run(generation.fill())
-    slow_job = next(g for g in _gens(links) if g.route == SLOW)
-    _straggle(generation, slow_job.job)
-    asyncio.run(generation.fill())
-    twin = _gens(links)[-1]
+    slow_job, twin = _hedged(generation, links)
     generation.on_job_failed(FAST[0], twin.job, "refused")
     for _ in range(3):
         asyncio.run(generation.fill())
