@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         from engine.bench.weight_stream import measure
 
         result["weight_deltas"] = measure(argparse.Namespace(checkpoint=args.checkpoint, stages=2, versions=20,
-                                                             seed=0, lr=None))
+                                                             seed=0, lr=None, lora_rank=0))
     print_table(result, out)
     if args.json:
         print(json.dumps(result))

@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     lr = args.lr or RunConfig().lr
     rng = np.random.default_rng(args.seed)
     started = time.monotonic()
-    lora_rank = int(getattr(args, "lora_rank", 0) or 0)
+    lora_rank = int(args.lora_rank)
     stages = [_measure_stage(checkpoint, spec, args.versions, lr, rng, lora_rank)
               for spec in plan_stages(checkpoint.config.num_hidden_layers, args.stages)]
     return {"versions": args.versions, "lr": lr, "encoding": "int8_rowwise", "lora_rank": lora_rank, "stages": stages,
