@@ -29,6 +29,11 @@ Conventions every backend follows:
   the same length (a cache holds one group of samples of one prompt), so no
   attention mask is needed. Right-padding in training batches is harmless under
   causal attention; padded positions get zero loss weight from the caller.
+* **Shared prefixes.** The G samples of one prompt share its prefill: the caller runs the
+  distinct rows once, then ``expand_cache`` copies each cache row to the rows that share it
+  (and takes the same rows of the last stage's logits). ``forward(..., last_only=True)`` on
+  the last stage projects only each row's last position to the vocabulary: sampling needs
+  nothing else, and over a prompt the head is a large part of a real model's prefill.
 * ``forward`` with ``key`` (training) keeps what ``backward(key, ...)`` needs; a
   key is consumed by its backward (or released by ``release``). Several keys may be
   in flight at once (pipelined micro-batches).
@@ -174,6 +179,23 @@ class OptimizerConfig:
     lora: LoraConfig = LoraConfig()
 
 
+#: most rows one cache may be expanded to (a job's rows are bounded far below this on the wire)
+MAX_EXPANDED_ROWS = 65536
+
+
+def check_expand_rows(rows: np.ndarray, batch: int) -> np.ndarray:
+    """``rows`` as an ``int64`` index into a cache of ``batch`` rows, or ``BackendError``: a
+    non-empty 1-D integer array of at most ``MAX_EXPANDED_ROWS`` entries, each in ``[0, batch)``."""
+    index = np.asarray(rows)
+    if index.ndim != 1 or index.size == 0 or not np.issubdtype(index.dtype, np.integer):
+        raise BackendError(f"expand rows must be a non-empty 1-D integer array, got {index.dtype} {list(index.shape)}")
+    if index.size > MAX_EXPANDED_ROWS:
+        raise BackendError(f"expand rows: {index.size} rows, at most {MAX_EXPANDED_ROWS}")
+    if index.min() < 0 or index.max() >= batch:
+        raise BackendError(f"expand rows must index the cache's {batch} rows")
+    return np.ascontiguousarray(index, dtype=np.int64)
+
+
 def to_boundary(array: np.ndarray, *, tokens: bool = False) -> np.ndarray:
     """Return ``array`` in the boundary format (dtype, C order), copying only if needed."""
     dtype = BOUNDARY_TOKEN_DTYPE if tokens else BOUNDARY_FLOAT_DTYPE
@@ -214,14 +236,19 @@ class StageBackend(Protocol):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None,
-                key: str | None = None) -> np.ndarray:
+                key: str | None = None, last_only: bool = False) -> np.ndarray:
         """Run the stage.
 
         ``inputs``: token ids ``int64 [B, T]`` on the first stage, else hidden
         ``float32 [B, T, H]``. Returns hidden ``float32 [B, T, H]``, or logits
-        ``float32 [B, T, V]`` on the last stage. ``cache_id`` and ``key`` are
-        mutually exclusive.
+        ``float32 [B, T, V]`` on the last stage (``[B, 1, V]``, the last position only,
+        with ``last_only``; other stages ignore it). ``cache_id`` and ``key`` are
+        mutually exclusive; ``last_only`` does not go with ``key``.
         """
+
+    def expand_cache(self, cache_id: str, rows: np.ndarray) -> None:
+        """Make cache ``cache_id`` hold ``len(rows)`` rows, row ``i`` a copy of its current row
+        ``rows[i]`` (``int64 [B']``, see :func:`check_expand_rows`). Unknown caches raise."""
 
     def drop_cache(self, cache_id: str) -> None:
         """Free a KV cache (unknown ids are ignored)."""

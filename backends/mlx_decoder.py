@@ -125,14 +125,15 @@ def _mlp(params: dict[str, mx.array], prefix: str, x: mx.array, dims: StageDims)
 
 
 def stage_forward(params: dict[str, mx.array], inputs: mx.array, dims: StageDims, *,
-                  offset: int = 0, past: list[LayerKV] | None = None
+                  offset: int = 0, past: list[LayerKV] | None = None, last_only: bool = False
                   ) -> tuple[mx.array, list[LayerKV]]:
     """Run the stage on token ids ``[B, T]`` (first stage) or hidden ``[B, T, H]``.
 
     ``offset`` is the position of the first input token; ``past`` the cached
     keys/values of earlier positions per layer (or ``None``). Returns the hidden
-    states ``[B, T, H]`` (logits ``[B, T, V]`` on the last stage) and the keys /
-    values per layer including the new positions.
+    states ``[B, T, H]`` (logits ``[B, T, V]`` on the last stage; ``[B, 1, V]``, each
+    row's last position, with ``last_only``) and the keys / values per layer including
+    the new positions.
     """
     x = mx.take(params[EMBED], inputs, axis=0) if dims.is_first else inputs
     present: list[LayerKV] = []
@@ -147,6 +148,8 @@ def stage_forward(params: dict[str, mx.array], inputs: mx.array, dims: StageDims
         h = mx.fast.rms_norm(x, params[prefix + "post_attention_layernorm.weight"], dims.rms_norm_eps)
         x = x + _mlp(params, prefix, h, dims)
     if dims.is_last:
+        if last_only:
+            x = x[:, -1:]
         x = mx.fast.rms_norm(x, params[FINAL_NORM], dims.rms_norm_eps)
         x = x @ params[dims.head_name].T
     return x, present

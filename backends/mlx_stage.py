@@ -44,6 +44,7 @@ from backends.base import (
     ModelConfigLike,
     OptimizerConfig,
     StageSpec,
+    check_expand_rows,
     to_boundary,
 )
 from backends.lora import adapter_layout, initial_adapters, merge
@@ -235,31 +236,43 @@ class MLXStage:
 
     # -- forward ---------------------------------------------------------------
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None,
-                key: str | None = None) -> np.ndarray:
+                key: str | None = None, last_only: bool = False) -> np.ndarray:
         if cache_id is not None and key is not None:
             raise BackendError("forward takes cache_id or key, not both")
+        if last_only and key is not None:
+            raise BackendError("last_only is for inference: a training forward keeps every position")
         with self._on_stream():
             x = self._stage_input(inputs)
             if cache_id is not None:
-                return to_boundary(np.array(self._cached_forward(x, cache_id)))
+                return to_boundary(np.array(self._cached_forward(x, cache_id, last_only)))
             if key is not None:
                 self._check_new_key(key)
-            out, _ = stage_forward(self._all_params(), x, self._dims)
+            out, _ = stage_forward(self._all_params(), x, self._dims, last_only=last_only)
             mx.eval(out)
             if key is not None:
                 self._pending[key] = _Pending(params=dict(self._params), inputs=x, out_shape=tuple(out.shape))
             return to_boundary(np.array(out))
 
-    def _cached_forward(self, x: mx.array, cache_id: str) -> mx.array:
+    def _cached_forward(self, x: mx.array, cache_id: str, last_only: bool) -> mx.array:
         cache = self._caches.get(cache_id)
         if cache is not None and cache.batch != x.shape[0]:
             raise BackendError(f"cache {cache_id!r} holds {cache.batch} rows, got a batch of {x.shape[0]}")
         offset = 0 if cache is None else cache.length
         out, present = stage_forward(self._all_params(), x, self._dims, offset=offset,
-                                     past=None if cache is None else cache.layers)
+                                     past=None if cache is None else cache.layers, last_only=last_only)
         mx.eval(out, present)
         self._caches[cache_id] = _KVCache(batch=x.shape[0], length=offset + x.shape[1], layers=present)
         return out
+
+    def expand_cache(self, cache_id: str, rows: np.ndarray) -> None:
+        with self._on_stream():
+            cache = self._caches.get(cache_id)
+            if cache is None:
+                raise BackendError(f"unknown cache {cache_id!r}")
+            index = mx.array(check_expand_rows(rows, cache.batch).astype(np.int32))
+            layers = [(mx.take(k, index, axis=0), mx.take(v, index, axis=0)) for k, v in cache.layers]
+            mx.eval(layers)
+            self._caches[cache_id] = _KVCache(batch=int(index.shape[0]), length=cache.length, layers=layers)
 
     def drop_cache(self, cache_id: str) -> None:
         with self._on_stream(loaded=False):

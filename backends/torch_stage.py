@@ -38,7 +38,15 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from backends.base import BackendError, BackendUnavailable, LoraConfig, OptimizerConfig, StageSpec, to_boundary
+from backends.base import (
+    BackendError,
+    BackendUnavailable,
+    LoraConfig,
+    OptimizerConfig,
+    StageSpec,
+    check_expand_rows,
+    to_boundary,
+)
 from backends.lora import adapter_layout, initial_adapters, merge
 from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.registry import TORCH_THREADS_ENV
@@ -181,10 +189,13 @@ class TorchStage:
                 self._params[name].copy_(t)
 
     # -- forward -------------------------------------------------------------------
-    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None) -> np.ndarray:
+    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
+                last_only: bool = False) -> np.ndarray:
         self._check_loaded()
         if cache_id is not None and key is not None:
             raise BackendError("forward takes cache_id or key, not both")
+        if last_only and key is not None:
+            raise BackendError("last_only is for inference: a training forward keeps every position")
         x = self._input_tensor(inputs, requires_grad=key is not None)
         if key is not None:
             self._check_new_key(key)
@@ -194,14 +205,24 @@ class TorchStage:
             return _to_numpy(out)
         with torch.no_grad():
             if cache_id is None:
-                return _to_numpy(self._module(x))
+                return _to_numpy(self._module(x, last_only=last_only))
             cache, batch = self._caches.get(cache_id, ({}, x.shape[0]))
             if batch != x.shape[0]:
                 raise BackendError(f"cache '{cache_id}' holds {batch} rows, got a batch of {x.shape[0]}")
             start = next(iter(cache.values()))[0].shape[2] if cache else 0  # every layer holds the same length
-            out = self._module(x, start_pos=start, cache=cache)
+            out = self._module(x, start_pos=start, cache=cache, last_only=last_only)
             self._caches[cache_id] = (cache, batch)
             return _to_numpy(out)
+
+    def expand_cache(self, cache_id: str, rows: np.ndarray) -> None:
+        self._check_loaded()
+        if cache_id not in self._caches:
+            raise BackendError(f"unknown cache '{cache_id}'")
+        cache, batch = self._caches[cache_id]
+        index = check_expand_rows(rows, batch)
+        picked = torch.from_numpy(index).to(self._device)
+        self._caches[cache_id] = ({layer: (k.index_select(0, picked), v.index_select(0, picked))
+                                   for layer, (k, v) in cache.items()}, len(index))
 
     def drop_cache(self, cache_id: str) -> None:
         self._caches.pop(cache_id, None)

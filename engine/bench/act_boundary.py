@@ -74,8 +74,9 @@ class EncodedBoundary:
         self.meters[kind].add(exact, decoded, header, payload)
         return decoded
 
-    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None) -> np.ndarray:
-        out = self._inner.forward(inputs, cache_id=cache_id, key=key)
+    def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
+                last_only: bool = False) -> np.ndarray:
+        out = self._inner.forward(inputs, cache_id=cache_id, key=key, last_only=last_only)
         return out if self._inner.spec.is_last else self._cross("act", out)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,

@@ -19,11 +19,12 @@ _cache_ids = itertools.count()
 
 
 def pipeline_forward(stages: Sequence[StageBackend], tokens: np.ndarray, *,
-                     cache_id: str | None = None) -> np.ndarray:
-    """Token ids ``[B, T]`` through every stage in order; returns the last stage's logits."""
+                     cache_id: str | None = None, last_only: bool = False) -> np.ndarray:
+    """Token ids ``[B, T]`` through every stage in order; returns the last stage's logits
+    (``[B, 1, V]``, the last position only, with ``last_only``)."""
     x = tokens
     for stage in stages:
-        x = stage.forward(x, cache_id=cache_id)
+        x = stage.forward(x, cache_id=cache_id, last_only=last_only)
     return x
 
 
@@ -40,7 +41,7 @@ def greedy_decode(stages: Sequence[StageBackend], prompt: np.ndarray, max_new_to
     done = np.zeros(batch, dtype=bool)
     new_tokens, step_logits = [], []
     try:
-        logits = pipeline_forward(stages, prompt, cache_id=cache_id)[:, -1]
+        logits = pipeline_forward(stages, prompt, cache_id=cache_id, last_only=True)[:, -1]
         for _ in range(max_new_tokens):
             step_logits.append(logits)
             token = logits.argmax(axis=-1).astype(np.int64)
@@ -50,7 +51,7 @@ def greedy_decode(stages: Sequence[StageBackend], prompt: np.ndarray, max_new_to
             new_tokens.append(token)
             if done.all() or len(new_tokens) == max_new_tokens:
                 break
-            logits = pipeline_forward(stages, token[:, None], cache_id=cache_id)[:, -1]
+            logits = pipeline_forward(stages, token[:, None], cache_id=cache_id, last_only=True)[:, -1]
     finally:
         for stage in stages:
             stage.drop_cache(cache_id)

@@ -34,8 +34,12 @@ class StagePipeline(Protocol):
     @property
     def num_stages(self) -> int: ...
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str) -> np.ndarray:
-        """Append ``tokens int64 [B, T]`` to cache ``cache_id``; logits ``[B, V]`` of the last position."""
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+        """Append ``tokens int64 [B, T]`` to cache ``cache_id``; logits ``[B, V]`` of the last position.
+
+        ``expand`` (opening a cache only): ``tokens`` holds distinct rows, prefilled once, and the
+        cache and the logits get ``len(expand)`` rows, row ``i`` a copy of ``tokens`` row ``expand[i]``
+        (the samples of one prompt share its prefill)."""
 
     def drop_cache(self, cache_id: str) -> None:
         """Free a cache on every stage (unknown ids are ignored)."""
@@ -132,9 +136,14 @@ class LocalPipeline:
             x = stage.forward(x, cache_id=cache_id, key=key)
         return x
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str) -> np.ndarray:
-        logits = self._run(np.asarray(tokens, dtype=np.int64), cache_id=cache_id)
-        return logits[:, -1, :]
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+        x = np.asarray(tokens, dtype=np.int64)
+        for stage in self.backends:
+            x = stage.forward(x, cache_id=cache_id, last_only=True)
+            if expand is not None:
+                stage.expand_cache(cache_id, expand)
+        logits = x[:, -1, :]
+        return logits if expand is None else logits[np.asarray(expand, dtype=np.int64)]
 
     def drop_cache(self, cache_id: str) -> None:
         for stage in self.backends:

@@ -2,9 +2,11 @@
 
 A *group* is G samples of one prompt. Groups whose prompts have the same token length
 share one KV cache (all rows of a cache have the same length, so no attention mask is
-needed); each decode step appends one token per row. For every sampled token we keep
-the behaviour log-prob (under ``softmax(logits / temperature)``, before top-p) and the
-policy version of every stage at the moment the token was produced.
+needed); each prompt is prefilled once and its cache rows copied to its G samples
+(``StagePipeline.next_token_logits``' ``expand``); each decode step appends one token per
+row. For every sampled token we keep the behaviour log-prob (under
+``softmax(logits / temperature)``, before top-p) and the policy version of every stage at
+the moment the token was produced.
 
 What it does not know: rewards, advantages, the objective, transports.
 """
@@ -115,8 +117,12 @@ def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfi
     lengths = np.full(rows, steps, dtype=np.int64)
     done = np.zeros(rows, dtype=bool)
     cache_id = f"rollout-{next(_cache_counter)}"
+    distinct, expand = np.unique(tokens, axis=0, return_inverse=True)
     try:
-        logits = pipeline.next_token_logits(tokens, cache_id)
+        if len(distinct) < rows:  # the samples of one prompt: prefill it once
+            logits = pipeline.next_token_logits(distinct, cache_id, expand=expand.reshape(-1))
+        else:
+            logits = pipeline.next_token_logits(tokens, cache_id)
         for t in range(steps):
             out_ver[:, t] = pipeline.versions()
             tok, lp = sample_from_logits(logits, rng, temperature=sampling.temperature, top_p=sampling.top_p)

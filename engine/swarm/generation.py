@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from msgspec.structs import replace
@@ -107,7 +108,7 @@ class Generation:
         self._spawn(self._start(msg), msg.job)
 
     def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
-        self._spawn(self._hop(header, x), header.job)
+        self._spawn(self._hop(header, x, self._expand(header, x)), header.job)
 
     def on_tok(self, sender: str, header: Tok, payload: bytes) -> None:
         state = self._first.get(header.job)
@@ -215,9 +216,14 @@ class Generation:
             del self._first[msg.job]  # its end (tok done) is still on its way; the coordinator has the result
         await self._enter(msg.job, msg.params, ids)
         self._first[msg.job] = _FirstStageJob(route=route, params=msg.params, rows=ids.shape[0], ticket=msg.ticket)
-        await self._advance(msg.job, ids, counted=True)
+        expand = None
+        if msg.params.cached_tokens == 0:  # the samples of one prompt share its prefill
+            distinct, inverse = np.unique(ids, axis=0, return_inverse=True)
+            if len(distinct) < len(ids):
+                ids, expand = distinct, inverse.reshape(-1)
+        await self._advance(msg.job, ids, counted=True, expand=expand)
 
-    async def _advance(self, job: str, x: np.ndarray, counted: bool = False) -> None:
+    async def _advance(self, job: str, x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state = self._first[job]
         state.touched = time.monotonic()
@@ -225,9 +231,10 @@ class Generation:
         if not counted:
             await self._enter(job, state.params, x)
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
-            await self._sample(job, state.route, state.params, [], x, counted=True)
+            await self._sample(job, state.route, state.params, [], x, counted=True, expand=expand)
             return
-        tensor, payload = await self._compute(ctx.boundary.forward_encoded, rt.gen_forward, job, x,
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded, partial(rt.gen_forward, expand=expand),
+                                              job, x,
                                               _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding),
                                               state.route[1], ctx.stage.spec.stage_index)
         if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
@@ -236,21 +243,37 @@ class Generation:
             return
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
-                                                 params=state.params, ticket=state.ticket), payload)
+                                                 params=state.params, ticket=state.ticket,
+                                                 expand=None if expand is None else expand.tolist()), payload)
         ctx.boundary.sent(state.route[1], tensor)
 
-    async def _hop(self, header: Act, x: np.ndarray) -> None:
+    def _expand(self, header: Act, x: np.ndarray) -> np.ndarray | None:
+        """The job's rows of a prefill of distinct rows (``Act.expand``), checked against ``x`` and
+        against this stage's cache of the job (a continuing cache is never expanded): a
+        ProtocolViolation, struck against the sender, before anything is computed."""
+        if header.expand is None:
+            return None
+        if max(header.expand) >= x.shape[0]:
+            raise ProtocolViolation("expand names rows the activations do not have")
+        fresh = header.params is not None and header.params.cached_tokens == 0 and \
+            (self._turn.get(header.job) != header.params.turn or not self._cached.get(header.job))
+        if not fresh:
+            raise ProtocolViolation("expand on a step that continues a cache")
+        return np.asarray(header.expand, dtype=np.int64)
+
+    async def _hop(self, header: Act, x: np.ndarray, expand: np.ndarray | None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        ctx.counters["tokens_generated"] += x.shape[0]
+        ctx.counters["tokens_generated"] += x.shape[0] if expand is None else len(expand)
         if ctx.stage.spec.is_last:
-            await self._sample(header.job, header.route, header.params, header.versions, x)
+            await self._sample(header.job, header.route, header.params, header.versions, x, expand=expand)
             return
         if len(self._mid_touch) >= MAX_JOBS and header.job not in self._mid_touch:
             raise ProtocolViolation("too many generation jobs in flight")
         self._mid_touch[header.job] = time.monotonic()
         await self._enter(header.job, header.params, x)
         hop = header.hop + 1
-        tensor, payload = await self._compute(ctx.boundary.forward_encoded, rt.gen_forward, header.job, x,
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded, partial(rt.gen_forward, expand=expand),
+                                              header.job, x,
                                               _wire_encoding(header.params, ctx.stage.run_cfg.activation_encoding),
                                               header.route[hop], ctx.stage.spec.stage_index)
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
@@ -258,26 +281,28 @@ class Generation:
         ctx.boundary.sent(header.route[hop], tensor)
 
     async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
-                      x: np.ndarray, counted: bool = False) -> None:
+                      x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         if params is None:
             raise ProtocolViolation("generation step without sampling parameters")
         if not counted:
             await self._enter(job, params, x)
         versions = [*versions_so_far, int(rt.version)]
+        rows = x.shape[0] if expand is None else len(expand)
         state = self._last.get(job)
         if state is None:
             if len(self._last) > MAX_JOBS:
                 raise ProtocolViolation("too many generation jobs in flight")
-            state = self._last[job] = _LastStageJob(rows=x.shape[0], tokens=[[] for _ in range(x.shape[0])],
-                                                    logprobs=[[] for _ in range(x.shape[0])],
-                                                    finished=np.zeros(x.shape[0], dtype=bool), versions=versions)
-        if x.shape[0] != state.rows or len(versions) != len(state.versions):
+            state = self._last[job] = _LastStageJob(rows=rows, tokens=[[] for _ in range(rows)],
+                                                    logprobs=[[] for _ in range(rows)],
+                                                    finished=np.zeros(rows, dtype=bool), versions=versions)
+        if rows != state.rows or len(versions) != len(state.versions):
             raise ProtocolViolation("generation step does not match its job")
         state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
         state.touched = time.monotonic()
         tokens, logprobs = await self._compute(rt.gen_sample, job, x, temperature=params.temperature,
-                                               top_p=params.top_p, seed=params.seed, step=state.steps)
+                                               top_p=params.top_p, seed=params.seed, step=state.steps,
+                                               expand=expand)
         for r in range(state.rows):
             if not state.finished[r]:
                 state.tokens[r].append(int(tokens[r]))

@@ -71,6 +71,7 @@ _STREAM_MAX = 2**31 - 1
 PeerId = Annotated[str, Meta(min_length=4, max_length=64)]
 JobId = Annotated[str, Meta(min_length=1, max_length=64)]
 TokenId = Annotated[int, Meta(ge=0, le=1 << 24)]
+RowIndex = Annotated[int, Meta(ge=0, le=MAX_ROWS - 1)]
 Version = Annotated[int, Meta(ge=0, le=1 << 40)]
 Step = Annotated[int, Meta(ge=0, le=1 << 40)]
 MicroBatch = Annotated[int, Meta(ge=0, le=1 << 20)]
@@ -404,6 +405,9 @@ class Act(WireMessage, frozen=True, tag="act"):
     mb: MicroBatch  # micro-batch index (0 for generation)
     params: GenParams | None = None  # sampling settings (generation)
     ticket: Ticket | None = None  # the coordinator's ticket for this job and route
+    #: a generation prefill of the job's distinct prompt rows: job row i is tensor row expand[i]
+    #: (every stage expands its cache to the job's rows after it); None: one tensor row per job row
+    expand: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
 
 
 class Tok(WireMessage, frozen=True, tag="tok"):

@@ -129,13 +129,21 @@ class StageRuntime:
         return self.backend
 
     # -- generation -------------------------------------------------------------
-    def gen_forward(self, job: str, x: np.ndarray) -> np.ndarray:
-        return self._b().forward(x, cache_id=job)
+    def gen_forward(self, job: str, x: np.ndarray, expand: np.ndarray | None = None) -> np.ndarray:
+        """A generation step of ``job``; with ``expand``, ``x`` holds a prefill's distinct rows and
+        the cache then holds the job's rows (row i a copy of ``x`` row ``expand[i]``)."""
+        out = self._b().forward(x, cache_id=job)
+        if expand is not None:
+            self._b().expand_cache(job, expand)
+        return out
 
     def gen_sample(self, job: str, x: np.ndarray, *, temperature: float, top_p: float,
-                   seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+                   seed: int, step: int, expand: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs)."""
-        logits = self._b().forward(x, cache_id=job)[:, -1, :]
+        logits = self._b().forward(x, cache_id=job, last_only=True)[:, -1, :]
+        if expand is not None:
+            self._b().expand_cache(job, expand)
+            logits = logits[expand]
         rng = np.random.default_rng([seed, step])
         return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p)
 

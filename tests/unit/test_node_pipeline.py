@@ -14,6 +14,8 @@ import json
 import time
 from types import SimpleNamespace
 
+import msgspec
+import numpy as np
 import pytest
 
 from engine.paths import base_checkpoint_dir
@@ -120,5 +122,61 @@ def test_two_real_stages_generate_train_step_and_a_fresh_replica_loads_from_a_pe
         assert ready == messages.Ready(stage=0, version=1)
         checksums = [await n.compute.run(n.rt.checksum) for n in (first, fresh)]
         assert checksums[0] == checksums[1]
+
+    _run(scenario, nodes)
+
+
+def test_the_samples_of_a_prompt_share_one_prefill_and_decode_as_distinct_rows_do():
+    """A job whose rows repeat prompts sends each distinct prompt's activations once (``Act.expand``),
+    every stage expands its cache, and greedy decoding gives each row what a job of the distinct
+    prompts gives; an upstream that sends ``expand`` on a step that continues a cache is struck."""
+    wire = MemoryWire()
+    nodes: list[Node] = []
+    acts: list[messages.Act] = []
+
+    def watch(src, dst, header, payload):
+        if isinstance(header, messages.Act):
+            acts.append(header)
+        return header, payload
+
+    wire.mangle = watch
+
+    async def scenario():
+        first, last = _node(P0, wire), _node(P1, wire)
+        nodes.extend([first, last])
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+        _send(first, _welcome(0))
+        _send(last, _welcome(1))
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        greedy = {**PARAMS, "temperature": 0.0, "max_new_tokens": 6}
+        a, b = [1, 21, 19, 24, 15, 6, 7, 8, 9, 16], [1, 21, 19, 24, 15, 14, 5, 12, 6, 16]  # rev:1234= rev:9071=
+        _send(first, {"type": "gen", "job": "distinct", "route": [P0, P1], "prompt_ids": [a, b], "params": greedy})
+        plain = (await _until("the distinct job", lambda: _sent(last, messages.GenDone)))[0]
+        assert acts[0].expand is None and acts[0].tensor["shape"][0] == 2
+        acts.clear()
+        _send(first, {"type": "gen", "job": "shared", "route": [P0, P1], "prompt_ids": [b, a, a, b, a],
+                      "params": greedy})
+        shared = (await _until("the shared job", lambda: _sent(last, messages.GenDone)[1:]))[0]
+        assert acts[0].expand == [1, 0, 0, 1, 0] and acts[0].tensor["shape"][0] == 2  # two prompts computed
+        assert len(acts) > 1 and all(act.expand is None and act.tensor["shape"][0] == 5 for act in acts[1:])
+        assert shared.tokens == [plain.tokens[i] for i in (1, 0, 0, 1, 0)]
+
+        # a hostile upstream: expand on a decoding step, or naming rows the tensor lacks
+        def forge(src, dst, header, payload):
+            if isinstance(header, messages.Act) and header.job == "forged" and header.tensor["shape"][1] == 1:
+                header = msgspec.structs.replace(header, expand=[0] * header.tensor["shape"][0])
+            return header, payload
+
+        wire.mangle = forge
+        _send(first, {"type": "gen", "job": "forged", "route": [P0, P1], "prompt_ids": [a, b], "params": greedy})
+        await _until("a strike", lambda: wire.strikes[(P1, P0)])
+        assert "continues a cache" in wire.strikes[(P1, P0)][0]
+        with pytest.raises(Exception, match="rows the activations do not have"):
+            last.generation._expand(messages.Act(kind="gen", job="x", route=[P0, P1], hop=1, versions=[0],
+                                                 tensor=acts[0].tensor, step=0, mb=0,
+                                                 params=messages.GenParams(**greedy), expand=[0, 2]),
+                                    np.zeros((2, 10, 64), np.float32))
 
     _run(scenario, nodes)

@@ -20,10 +20,15 @@ class BigramPipeline:
         self.cache_rows: dict[str, int] = {}
         self.dropped: list[str] = []
         self.calls = 0
+        self.prefills: list[tuple[int, int]] = []  #: (distinct rows computed, rows of the cache) per expand
         self._versions = (3, 5)
 
-    def next_token_logits(self, tokens, cache_id):
+    def next_token_logits(self, tokens, cache_id, expand=None):
         self.calls += 1
+        if expand is not None:
+            assert cache_id not in self.cache_rows, "only a fresh cache is expanded"
+            self.prefills.append((tokens.shape[0], len(expand)))
+            tokens = tokens[expand]
         rows = self.cache_rows.setdefault(cache_id, tokens.shape[0])
         assert rows == tokens.shape[0], "rows of a cache must not change"
         self.caches[cache_id] = self.caches.get(cache_id, 0) + tokens.shape[1]
@@ -35,6 +40,17 @@ class BigramPipeline:
 
     def versions(self):
         return self._versions
+
+
+def test_each_prompt_is_prefilled_once_for_all_its_samples():
+    pipe = BigramPipeline()
+    sampling = SamplingConfig(temperature=0.8, max_new_tokens=4)
+    groups = generate_groups(pipe, ["a", "b", "c"], [[1, 3], [1, 4], [1, 4, 4]], 4, sampling, EOS,
+                             np.random.default_rng(0))
+    assert sorted(pipe.prefills) == [(1, 4), (2, 8)]  # two prompts of length 2 in one cache, one of length 3
+    assert [len(g.samples) for g in groups] == [4, 4, 4]
+    greedy_completions(pipe, [[1, 3], [1, 4]], max_new_tokens=3, stop_ids=EOS)
+    assert len(pipe.prefills) == 2  # distinct prompts: nothing to share
 
 
 def _log_softmax(x):

@@ -174,6 +174,34 @@ def test_kv_cached_decoding_equals_full_recomputation(variant, models):
         stages[0].forward(seq[:2, 4:5], cache_id="a")  # a cache's rows are fixed
 
 
+def test_a_prefill_of_distinct_rows_expanded_decodes_as_the_repeated_rows_do(variant, models):
+    """``expand_cache`` after a prefill of each prompt once equals prefilling every sample's copy,
+    and ``last_only`` logits are the last position of the full logits."""
+    model = models["qwen2"]
+    stages = _pipeline(model, variant, 2)
+    prompts = _tokens(model, (2, 7), seed=8)
+    expand = np.array([1, 0, 0, 1, 1], dtype=np.int64)  # five samples of two prompts, in any order
+    steps = _tokens(model, (5, 3), seed=9)
+    full = pipeline_forward(stages, prompts[expand], cache_id="rep")
+    x = prompts
+    for stage in stages:
+        x = stage.forward(x, cache_id="once", last_only=True)
+        stage.expand_cache("once", expand)
+    assert x.shape == (2, 1, model.vocab)
+    np.testing.assert_allclose(x[expand, -1], full[:, -1], rtol=0, atol=1e-5)
+    for t in range(steps.shape[1]):
+        want = pipeline_forward(stages, steps[:, t:t + 1], cache_id="rep")
+        got = pipeline_forward(stages, steps[:, t:t + 1], cache_id="once", last_only=True)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    for bad in (np.array([5]), np.array([-1]), np.array([], dtype=np.int64), np.zeros((1, 1), np.int64)):
+        with pytest.raises(BackendError):
+            stages[0].expand_cache("once", bad)
+    with pytest.raises(BackendError):
+        stages[0].expand_cache("never-existed", expand)
+    with pytest.raises(BackendError):
+        stages[1].forward(np.zeros((1, 2, 48), np.float32), key="k", last_only=True)
+
+
 def test_training_keys_in_flight_accumulate_and_release_forgets(variant, models):
     model = models["llama"]
     tokens = [_tokens(model, (2, 6), seed=s) for s in (10, 11, 12)]
