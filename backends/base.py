@@ -338,13 +338,15 @@ class ModelConfigLike(Protocol):
 
 
 def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperature: float = 1.0,
-                       top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                       top_p: float = 1.0, draws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sample one token per row of ``logits [B, V]``.
 
     Returns ``(tokens int64 [B], logprobs float32 [B])`` where the log-prob is that
     of the sampled token under ``softmax(logits / temperature)`` *before* top-p
     truncation: this is the behaviour log-prob the trainer recomputes, so the
     importance ratio compares like with like. ``temperature == 0`` is greedy.
+    ``draws``: each row's uniform draw ``[B, 1]`` (default: one per row from ``rng``), so that
+    a row samples the same token whichever other rows are decoded beside it.
     """
     logits = np.asarray(logits, dtype=np.float64)
     if logits.ndim != 2:
@@ -367,7 +369,7 @@ def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperat
             probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(axis=-1, keepdims=True)
         cdf = np.cumsum(probs, axis=-1)
-        u = rng.random((logits.shape[0], 1))
+        u = rng.random((logits.shape[0], 1)) if draws is None else np.asarray(draws, dtype=np.float64)
         tokens = np.minimum((cdf < u).sum(axis=-1), logits.shape[1] - 1)
     chosen = np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     return tokens.astype(np.int64), chosen.astype(np.float32)

@@ -34,12 +34,14 @@ class StagePipeline(Protocol):
     @property
     def num_stages(self) -> int: ...
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None,
+                          keep: np.ndarray | None = None) -> np.ndarray:
         """Append ``tokens int64 [B, T]`` to cache ``cache_id``; logits ``[B, V]`` of the last position.
 
         ``expand`` (opening a cache only): ``tokens`` holds distinct rows, prefilled once, and the
         cache and the logits get ``len(expand)`` rows, row ``i`` a copy of ``tokens`` row ``expand[i]``
-        (the samples of one prompt share its prefill)."""
+        (the samples of one prompt share its prefill). ``keep``: the cache first keeps only these
+        rows (rows that finished), and ``tokens`` has one row for each."""
 
     def drop_cache(self, cache_id: str) -> None:
         """Free a cache on every stage (unknown ids are ignored)."""
@@ -136,9 +138,12 @@ class LocalPipeline:
             x = stage.forward(x, cache_id=cache_id, key=key)
         return x
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None,
+                          keep: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(tokens, dtype=np.int64)
         for stage in self.backends:
+            if keep is not None:
+                stage.expand_cache(cache_id, keep)
             x = stage.forward(x, cache_id=cache_id, last_only=True)
             if expand is not None:
                 stage.expand_cache(cache_id, expand)

@@ -408,15 +408,21 @@ class Act(WireMessage, frozen=True, tag="act"):
     #: a generation prefill of the job's distinct prompt rows: job row i is tensor row expand[i]
     #: (every stage expands its cache to the job's rows after it); None: one tensor row per job row
     expand: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
+    #: a decoding step after rows finished: every stage first keeps only these rows of its cache of
+    #: the job (strictly increasing indices; Tok.keep of the step before); None: every row goes on
+    keep: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
 
 
 class Tok(WireMessage, frozen=True, tag="tok"):
     """Sampled tokens back to stage 0."""
 
     job: JobId  # generation job
-    tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row
+    tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row going on
     done: bool  # the job is finished: free the caches
     turn: Annotated[int, Meta(ge=0, le=MAX_TURNS)] = 0  # the turn the tokens belong to (GenParams.turn)
+    #: rows finished: the cache rows that go on (strictly increasing), one token each; the next
+    #: step's Act carries the same list so that every stage drops the other rows. None: all rows
+    keep: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
 
 
 class Drop(WireMessage, frozen=True, tag="drop"):

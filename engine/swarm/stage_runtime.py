@@ -129,23 +129,34 @@ class StageRuntime:
         return self.backend
 
     # -- generation -------------------------------------------------------------
-    def gen_forward(self, job: str, x: np.ndarray, expand: np.ndarray | None = None) -> np.ndarray:
+    def gen_forward(self, job: str, x: np.ndarray, expand: np.ndarray | None = None,
+                    keep: np.ndarray | None = None) -> np.ndarray:
         """A generation step of ``job``; with ``expand``, ``x`` holds a prefill's distinct rows and
-        the cache then holds the job's rows (row i a copy of ``x`` row ``expand[i]``)."""
+        the cache then holds the job's rows (row i a copy of ``x`` row ``expand[i]``); with ``keep``
+        the cache first keeps only those rows (rows that finished are not computed any more)."""
+        if keep is not None:
+            self._b().expand_cache(job, keep)
         out = self._b().forward(x, cache_id=job)
         if expand is not None:
             self._b().expand_cache(job, expand)
         return out
 
     def gen_sample(self, job: str, x: np.ndarray, *, temperature: float, top_p: float,
-                   seed: int, step: int, expand: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs)."""
+                   seed: int, step: int, expand: np.ndarray | None = None, keep: np.ndarray | None = None,
+                   job_rows: np.ndarray | None = None, of_rows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs).
+
+        Step ``step`` of a job draws one uniform per job row from ``(seed, step)``; ``job_rows``: the
+        job row of each row computed (rows that finished were dropped), of ``of_rows`` in all."""
+        if keep is not None:
+            self._b().expand_cache(job, keep)
         logits = self._b().forward(x, cache_id=job, last_only=True)[:, -1, :]
         if expand is not None:
             self._b().expand_cache(job, expand)
             logits = logits[expand]
         rng = np.random.default_rng([seed, step])
-        return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p)
+        draws = None if job_rows is None else rng.random((of_rows, 1))[job_rows]
+        return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p, draws=draws)
 
     def drop(self, job: str) -> None:
         self._b().drop_cache(job)
