@@ -47,8 +47,10 @@ class StagePipeline(Protocol):
         """Free a cache on every stage (unknown ids are ignored)."""
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
-        """``log softmax(logits / temperature)`` at ``targets`` (``[B, T]``); with ``key``, keep the graph."""
+                       temperature: float = 1.0, segments: Sequence[Sequence[int] | None] | None = None
+                       ) -> np.ndarray:
+        """``log softmax(logits / temperature)`` at ``targets`` (``[B, T]``); with ``key``, keep the graph;
+        ``segments``: packed rows (``backends.base.segment_layout``)."""
 
     def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
         """Backpropagate ``dloss/dlogprobs`` of a keyed call through every stage (accumulating grads)."""
@@ -130,12 +132,12 @@ class LocalPipeline:
     def num_stages(self) -> int:
         return len(self.backends)
 
-    def _run(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
-             upto_last: bool = False) -> np.ndarray:
+    def _run(self, inputs: np.ndarray, *, key: str | None = None, upto_last: bool = False,
+             segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         x = inputs
         stages = self.backends[:-1] if upto_last else self.backends
         for stage in stages:
-            x = stage.forward(x, cache_id=cache_id, key=key)
+            x = stage.forward(x, key=key, segments=segments)
         return x
 
     def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None,
@@ -155,12 +157,13 @@ class LocalPipeline:
             stage.drop_cache(cache_id)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
+                       temperature: float = 1.0, segments: Sequence[Sequence[int] | None] | None = None
+                       ) -> np.ndarray:
         inputs = np.asarray(inputs, dtype=np.int64)
         try:
-            hidden = self._run(inputs, key=key, upto_last=True)
+            hidden = self._run(inputs, key=key, upto_last=True, segments=segments)
             return self.backends[-1].token_logprobs(hidden, np.asarray(targets, dtype=np.int64), key=key,
-                                                    temperature=temperature)
+                                                    temperature=temperature, segments=segments)
         except Exception:
             if key is not None:
                 self.release(key)

@@ -227,3 +227,48 @@ def test_rows_that_finished_leave_every_stages_cache_and_the_job_samples_what_it
     assert dropping.tokens == keeping.tokens
     for a, b in zip(dropping.logprobs, keeping.logprobs):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_a_packed_micro_batch_trains_as_its_plain_rows_do():
+    """One group's rows as plain rows, then packed (its prompt once, ``segments``): the last stage
+    reports the same loss and token count, and stage 0 finishes the backward of both."""
+    wire = MemoryWire()
+    nodes: list[Node] = []
+
+    async def scenario():
+        first, last = _node(P0, wire), _node(P1, wire)
+        nodes.extend([first, last])
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+        for stage, node in enumerate(nodes):
+            welcome = _welcome(stage)
+            welcome["run"]["activation_encoding"] = "fp32"
+            _send(node, welcome)
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        route = [P0, P1]
+        plain = {"inputs": [[1, 5, 6, 9, 0], [1, 5, 6, 10, 11]], "targets": [[5, 6, 9, 2, 0], [5, 6, 10, 11, 2]],
+                 "mask": [[False, False, True, True, False], [False, False, True, True, True]],
+                 "behaviour": [[0.0, 0.0, -1.0, -2.0, 0.0], [0.0, 0.0, -1.5, -1.0, -3.0]]}
+        packed = {"inputs": [[1, 5, 6, 9, 6, 10, 11]], "targets": [[5, 6, 9, 2, 10, 11, 2]],
+                  "mask": [[False, False, True, True, True, True, True]],
+                  "behaviour": [[0.0, 0.0, -1.0, -2.0, -1.5, -1.0, -3.0]]}
+        _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": plain["inputs"]})
+        _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": plain["targets"],
+                     "mask": plain["mask"], "behaviour": plain["behaviour"], "advantages": [1.0, -1.0],
+                     "normaliser": 5.0, "proximal": plain["behaviour"]})
+        _send(first, {"type": "train_in", "step": 0, "mb": 1, "route": route, "inputs": packed["inputs"],
+                      "segments": [[2, 2, 3]]})
+        _send(last, {"type": "train_out", "step": 0, "mb": 1, "route": route, "targets": packed["targets"],
+                     "mask": packed["mask"], "behaviour": packed["behaviour"], "advantages": [],
+                     "token_advantages": [[0.0, 0.0, 1.0, 1.0, -1.0, -1.0, -1.0]], "normaliser": 5.0,
+                     "proximal": packed["behaviour"]})  # w = 1: the loss is the PPO term of the new log-probs
+        losses = await _until("two mb_loss", lambda: len(_sent(last, messages.MbLoss)) == 2 and
+                              _sent(last, messages.MbLoss))
+        await _until("two mb_done", lambda: len(_sent(first, messages.MbDone)) == 2)
+        by_mb = {m.mb: m for m in losses}
+        assert by_mb[0].tokens == by_mb[1].tokens == 5
+        assert by_mb[1].loss == pytest.approx(by_mb[0].loss, abs=1e-5) and by_mb[0].loss != 0.0
+        assert by_mb[1].clipped_fraction == by_mb[0].clipped_fraction
+
+    _run(scenario, nodes)
