@@ -213,7 +213,7 @@ class Generation:
     async def _compute(self, fn, *args, **kwargs):
         """One decoding step of this stage on the compute thread, its compute time counted
         (``gen_compute_s`` / ``gen_steps``: the coordinator paces jobs in flight by them)."""
-        result, seconds = await self.ctx.compute.run(_timed, fn, *args, **kwargs)
+        result, seconds = await self.ctx.compute.run_background(_timed, fn, *args, **kwargs)
         counters = self.ctx.counters
         counters["gen_compute_s"] = counters.get("gen_compute_s", 0.0) + seconds
         counters["gen_steps"] = counters.get("gen_steps", 0.0) + 1

@@ -28,7 +28,7 @@ def throttle(factor: float) -> None:
     from engine.swarm import generation
     from engine.swarm.compute_thread import ComputeThread
 
-    honest_submit = ComputeThread.submit
+    honest_submit = ComputeThread._submit
 
     def slowed(fn):
         def call(*args, **kwargs):
@@ -39,11 +39,11 @@ def throttle(factor: float) -> None:
                 time.sleep((factor - 1) * (time.perf_counter() - start))
         return call
 
-    def submit(self, fn, *args, **kwargs):
+    def submit(self, priority, fn, args, kwargs):
         if fn is generation._timed:  # the decoding step it times (its report to the pacer) is the slow one
-            return honest_submit(self, fn, slowed(args[0]), *args[1:], **kwargs)
-        return honest_submit(self, slowed(fn), *args, **kwargs)
-    ComputeThread.submit = submit
+            return honest_submit(self, priority, fn, (slowed(args[0]), *args[1:]), kwargs)
+        return honest_submit(self, priority, slowed(fn), args, kwargs)
+    ComputeThread._submit = submit  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:

@@ -32,3 +32,21 @@ def test_exceptions_reach_the_awaiting_coroutine():
         asyncio.run(ct.run(boom))
     assert asyncio.run(ct.run(lambda: 7)) == 7
     ct.stop()
+
+
+def test_background_calls_wait_until_no_other_call_waits():
+    """Generation steps (background) queued first still run after a training call queued later."""
+    ct, gate, seen = ComputeThread(), threading.Event(), []
+
+    async def main():
+        blocker = asyncio.wrap_future(ct.submit(gate.wait))  # holds the thread while the others queue
+        await asyncio.sleep(0.05)
+        calls = [ct.submit_background(seen.append, "gen-1"), ct.submit_background(seen.append, "gen-2"),
+                 ct.submit(seen.append, "train"), ct.submit_background(seen.append, "gen-3"),
+                 ct.submit(seen.append, "apply")]  # all queued while the thread is held
+        gate.set()
+        await asyncio.gather(blocker, *map(asyncio.wrap_future, calls))
+
+    asyncio.run(main())
+    ct.stop()
+    assert seen == ["train", "apply", "gen-1", "gen-2", "gen-3"]
