@@ -17,7 +17,8 @@ def _stats(**changes):
         "steps": [{"version": 1, "seconds": 10.0, "train_s": 9.0, "apply_s": 1.0},
                   {"version": 2, "seconds": 20.0, "train_s": 17.0, "apply_s": 3.0}],
         "counters": {"train_jobs_done": 2, "train_job_seconds": 50.0}, "self_reported": {"bytes_sent": 1e6},
-        "credit_totals": {"tokens_generated": 1000}, "samples_trained": 56, "update_bytes": 0, "dense_update_bytes": 0, "staleness_histogram": {"0": 3},
+        "credit_totals": {"tokens_generated": 1000}, "samples_trained": 56,
+        "update_bytes": 0, "dense_update_bytes": 0, "staleness_histogram": {"0": 3},
         "task": "reasoning_gym:chain_sum", "versions": [{"version": 1, "samples": 32}, {"version": 2, "samples": 24}],
     }
     stats.update(changes)
