@@ -34,6 +34,12 @@ Conventions every backend follows:
   (and takes the same rows of the last stage's logits). ``forward(..., last_only=True)`` on
   the last stage projects only each row's last position to the vocabulary: sampling needs
   nothing else, and over a prompt the head is a large part of a real model's prefill.
+* **Packed rows.** A training row may hold one prompt once and several completions of it
+  (``segments``: per row ``(prefix_len, n_1, ..., n_k)``, or None for a plain causal row):
+  the prefix attends causally to itself; token ``i`` of completion ``j`` attends to the whole
+  prefix and to completion ``j``'s tokens up to itself, at position ``prefix_len + i``; padding
+  after the last completion attends to itself only. ``forward`` and ``token_logprobs`` take it
+  (see :func:`segment_layout`); G samples of one prompt then cost the prompt once, not G times.
 * ``forward`` with ``key`` (training) keeps what ``backward(key, ...)`` needs; a
   key is consumed by its backward (or released by ``release``). Several keys may be
   in flight at once (pipelined micro-batches).
@@ -58,7 +64,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, runtime_checkable
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -179,6 +185,41 @@ class OptimizerConfig:
     lora: LoraConfig = LoraConfig()
 
 
+#: most completions one packed row may hold
+MAX_SEGMENTS = 4096
+def segment_layout(segments: Sequence[Sequence[int] | None] | None, rows: int,
+                   width: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Positions ``int64 [rows, width]`` and the attention mask ``bool [rows, width, width]``
+    (True: query may attend to key) of rows laid out as ``segments`` says (see the module
+    docstring), or None when every row is a plain causal row (the fast path). ``BackendError``
+    for a layout that does not fit the rows."""
+    if segments is None or all(seg is None for seg in segments):
+        return None
+    if len(segments) != rows:
+        raise BackendError(f"segments: {len(segments)} layouts for {rows} rows")
+    causal = np.tril(np.ones((width, width), dtype=bool))
+    positions = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width)).copy()
+    mask = np.broadcast_to(causal, (rows, width, width)).copy()
+    for r, seg in enumerate(segments):
+        if seg is None:
+            continue
+        parts = [int(v) for v in seg]
+        if not 2 <= len(parts) <= MAX_SEGMENTS + 1 or parts[0] < 0 or min(parts[1:]) < 1 or sum(parts) > width:
+            raise BackendError(f"segments of row {r}: need (prefix_len >= 0, n_1 >= 1, ...) within {width} tokens, "
+                               f"got {parts[:8]}")
+        prefix, row_mask = parts[0], np.eye(width, dtype=bool)
+        row_mask[:prefix, :prefix] = causal[:prefix, :prefix]
+        start = prefix
+        for n in parts[1:]:
+            stop = start + n
+            row_mask[start:stop, :prefix] = True
+            row_mask[start:stop, start:stop] = causal[:n, :n]
+            positions[r, start:stop] = np.arange(prefix, prefix + n)
+            start = stop
+        mask[r] = row_mask
+    return positions, mask
+
+
 #: most rows one cache may be expanded to (a job's rows are bounded far below this on the wire)
 MAX_EXPANDED_ROWS = 65536
 
@@ -236,14 +277,16 @@ class StageBackend(Protocol):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None,
-                key: str | None = None, last_only: bool = False) -> np.ndarray:
+                key: str | None = None, last_only: bool = False,
+                segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         """Run the stage.
 
         ``inputs``: token ids ``int64 [B, T]`` on the first stage, else hidden
         ``float32 [B, T, H]``. Returns hidden ``float32 [B, T, H]``, or logits
         ``float32 [B, T, V]`` on the last stage (``[B, 1, V]``, the last position only,
         with ``last_only``; other stages ignore it). ``cache_id`` and ``key`` are
-        mutually exclusive; ``last_only`` does not go with ``key``.
+        mutually exclusive; ``last_only`` does not go with ``key``; ``segments`` (packed
+        rows, see :func:`segment_layout`) does not go with ``cache_id``.
         """
 
     def expand_cache(self, cache_id: str, rows: np.ndarray) -> None:
@@ -254,10 +297,11 @@ class StageBackend(Protocol):
         """Free a KV cache (unknown ids are ignored)."""
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *,
-                       key: str | None = None, temperature: float = 1.0) -> np.ndarray:
+                       key: str | None = None, temperature: float = 1.0,
+                       segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         """Last stage only: ``log softmax(logits / temperature)`` gathered at ``targets``.
 
-        ``inputs`` as for ``forward``; ``targets`` ``int64 [B, T]``. Returns
+        ``inputs`` and ``segments`` as for ``forward``; ``targets`` ``int64 [B, T]``. Returns
         ``float32 [B, T]``. With ``key`` the graph is kept and ``backward(key, g)``
         takes ``g = dLoss/dlogprobs`` of the same shape.
         """
@@ -338,13 +382,15 @@ class ModelConfigLike(Protocol):
 
 
 def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperature: float = 1.0,
-                       top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                       top_p: float = 1.0, draws: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sample one token per row of ``logits [B, V]``.
 
     Returns ``(tokens int64 [B], logprobs float32 [B])`` where the log-prob is that
     of the sampled token under ``softmax(logits / temperature)`` *before* top-p
     truncation: this is the behaviour log-prob the trainer recomputes, so the
     importance ratio compares like with like. ``temperature == 0`` is greedy.
+    ``draws``: each row's uniform draw ``[B, 1]`` (default: one per row from ``rng``), so that
+    a row samples the same token whichever other rows are decoded beside it.
     """
     logits = np.asarray(logits, dtype=np.float64)
     if logits.ndim != 2:
@@ -367,7 +413,7 @@ def sample_from_logits(logits: np.ndarray, rng: np.random.Generator, *, temperat
             probs = np.where(keep, probs, 0.0)
         probs /= probs.sum(axis=-1, keepdims=True)
         cdf = np.cumsum(probs, axis=-1)
-        u = rng.random((logits.shape[0], 1))
+        u = rng.random((logits.shape[0], 1)) if draws is None else np.asarray(draws, dtype=np.float64)
         tokens = np.minimum((cdf < u).sum(axis=-1), logits.shape[1] - 1)
     chosen = np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     return tokens.astype(np.int64), chosen.astype(np.float32)

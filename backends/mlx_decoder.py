@@ -23,6 +23,7 @@ and sliding-window attention are not implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -96,8 +97,30 @@ def _causal_mask(new_len: int) -> str | None:
     return None if new_len == 1 else "causal"
 
 
+class PackedLayout(NamedTuple):
+    """Packed rows (``backends.base.segment_layout``): per-row rotary tables and the attention mask."""
+
+    cos: mx.array  #: ``[B, 1, T, head_dim / 2]``
+    sin: mx.array
+    mask: mx.array  #: bool ``[B, 1, T, T]``, True where a query may attend to a key
+
+    @classmethod
+    def build(cls, positions: np.ndarray, mask: np.ndarray, periods: mx.array) -> "PackedLayout":
+        angles = mx.array(positions.astype(np.float32))[:, None, :, None] / periods
+        return cls(mx.cos(angles), mx.sin(angles), mx.array(mask)[:, None])
+
+
+def _rotate(x: mx.array, layout: PackedLayout) -> mx.array:
+    """The non-traditional rotary embedding at each row's own positions (what ``mx.fast.rope`` does
+    at one offset for all rows)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return mx.concatenate([a * layout.cos - b * layout.sin, b * layout.cos + a * layout.sin], axis=-1)
+
+
 def _attention(params: dict[str, mx.array], prefix: str, x: mx.array, dims: StageDims,
-               offset: int, past: LayerKV | None, periods: mx.array) -> tuple[mx.array, LayerKV]:
+               offset: int, past: LayerKV | None, periods: mx.array,
+               layout: PackedLayout | None = None) -> tuple[mx.array, LayerKV]:
     batch, length, _ = x.shape
     p = prefix + "self_attn."
     q = _linear(x, params, p + "q_proj", dims.qkv_bias, dims)
@@ -106,13 +129,16 @@ def _attention(params: dict[str, mx.array], prefix: str, x: mx.array, dims: Stag
     q = q.reshape(batch, length, dims.num_heads, dims.head_dim).transpose(0, 2, 1, 3)
     k = k.reshape(batch, length, dims.num_kv_heads, dims.head_dim).transpose(0, 2, 1, 3)
     v = v.reshape(batch, length, dims.num_kv_heads, dims.head_dim).transpose(0, 2, 1, 3)
-    q = mx.fast.rope(q, dims.head_dim, traditional=False, base=None, freqs=periods, scale=1.0, offset=offset)
-    k = mx.fast.rope(k, dims.head_dim, traditional=False, base=None, freqs=periods, scale=1.0, offset=offset)
+    if layout is not None:
+        q, k = _rotate(q, layout), _rotate(k, layout)
+    else:
+        q = mx.fast.rope(q, dims.head_dim, traditional=False, base=None, freqs=periods, scale=1.0, offset=offset)
+        k = mx.fast.rope(k, dims.head_dim, traditional=False, base=None, freqs=periods, scale=1.0, offset=offset)
     if past is not None:
         k = mx.concatenate([past[0], k], axis=2)
         v = mx.concatenate([past[1], v], axis=2)
     out = mx.fast.scaled_dot_product_attention(q, k, v, scale=dims.head_dim ** -0.5,
-                                               mask=_causal_mask(length))
+                                               mask=_causal_mask(length) if layout is None else layout.mask)
     out = out.transpose(0, 2, 1, 3).reshape(batch, length, dims.num_heads * dims.head_dim)
     return _linear(out, params, p + "o_proj", dims.o_bias, dims), (k, v)
 
@@ -125,15 +151,15 @@ def _mlp(params: dict[str, mx.array], prefix: str, x: mx.array, dims: StageDims)
 
 
 def stage_forward(params: dict[str, mx.array], inputs: mx.array, dims: StageDims, *,
-                  offset: int = 0, past: list[LayerKV] | None = None, last_only: bool = False
-                  ) -> tuple[mx.array, list[LayerKV]]:
+                  offset: int = 0, past: list[LayerKV] | None = None, last_only: bool = False,
+                  layout: PackedLayout | None = None) -> tuple[mx.array, list[LayerKV]]:
     """Run the stage on token ids ``[B, T]`` (first stage) or hidden ``[B, T, H]``.
 
     ``offset`` is the position of the first input token; ``past`` the cached
     keys/values of earlier positions per layer (or ``None``). Returns the hidden
     states ``[B, T, H]`` (logits ``[B, T, V]`` on the last stage; ``[B, 1, V]``, each
     row's last position, with ``last_only``) and the keys / values per layer including
-    the new positions.
+    the new positions. ``layout``: packed rows (no ``past``), see :class:`PackedLayout`.
     """
     x = mx.take(params[EMBED], inputs, axis=0) if dims.is_first else inputs
     present: list[LayerKV] = []
@@ -142,7 +168,7 @@ def stage_forward(params: dict[str, mx.array], inputs: mx.array, dims: StageDims
         prefix = layer_prefix(layer)
         h = mx.fast.rms_norm(x, params[prefix + "input_layernorm.weight"], dims.rms_norm_eps)
         attn, kv = _attention(params, prefix, h, dims, offset, None if past is None else past[i],
-                              periods)
+                              periods, layout)
         present.append(kv)
         x = x + attn
         h = mx.fast.rms_norm(x, params[prefix + "post_attention_layernorm.weight"], dims.rms_norm_eps)

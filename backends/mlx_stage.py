@@ -31,7 +31,7 @@ import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -45,10 +45,11 @@ from backends.base import (
     OptimizerConfig,
     StageSpec,
     check_expand_rows,
+    segment_layout,
     to_boundary,
 )
 from backends.lora import adapter_layout, initial_adapters, merge
-from backends.mlx_decoder import LayerKV, StageDims, gather_logprobs, stage_forward
+from backends.mlx_decoder import LayerKV, PackedLayout, StageDims, gather_logprobs, rope_periods, stage_forward
 from backends.optimizer_state import AdamWMoments, pack, unpack
 from backends.stage_layout import StageLayout, check_shapes, plan_stage
 
@@ -71,6 +72,7 @@ class _Pending:
     out_shape: tuple[int, ...]
     targets: mx.array | None = None  #: set for token_logprobs keys
     temperature: float = 1.0
+    layout: PackedLayout | None = None  #: packed rows' positions and mask (``segments``)
 
 
 def _resolve_device(device: str | None) -> mx.Device:
@@ -236,22 +238,33 @@ class MLXStage:
 
     # -- forward ---------------------------------------------------------------
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None,
-                key: str | None = None, last_only: bool = False) -> np.ndarray:
+                key: str | None = None, last_only: bool = False,
+                segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         if cache_id is not None and key is not None:
             raise BackendError("forward takes cache_id or key, not both")
         if last_only and key is not None:
             raise BackendError("last_only is for inference: a training forward keeps every position")
+        if segments is not None and cache_id is not None:
+            raise BackendError("packed rows (segments) are for training passes, not cached decoding")
         with self._on_stream():
             x = self._stage_input(inputs)
             if cache_id is not None:
                 return to_boundary(np.array(self._cached_forward(x, cache_id, last_only)))
             if key is not None:
                 self._check_new_key(key)
-            out, _ = stage_forward(self._all_params(), x, self._dims, last_only=last_only)
+            layout = self._packed(segments, x)
+            out, _ = stage_forward(self._all_params(), x, self._dims, last_only=last_only, layout=layout)
             mx.eval(out)
             if key is not None:
-                self._pending[key] = _Pending(params=dict(self._params), inputs=x, out_shape=tuple(out.shape))
+                self._pending[key] = _Pending(params=dict(self._params), inputs=x, out_shape=tuple(out.shape),
+                                              layout=layout)
             return to_boundary(np.array(out))
+
+    def _packed(self, segments: Sequence[Sequence[int] | None] | None, x: mx.array) -> PackedLayout | None:
+        layout = segment_layout(segments, int(x.shape[0]), int(x.shape[1]))
+        if layout is None:
+            return None
+        return PackedLayout.build(*layout, rope_periods(self._dims.head_dim, self._dims.rope_theta))
 
     def _cached_forward(self, x: mx.array, cache_id: str, last_only: bool) -> mx.array:
         cache = self._caches.get(cache_id)
@@ -279,7 +292,8 @@ class MLXStage:
             self._caches.pop(cache_id, None)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *,
-                       key: str | None = None, temperature: float = 1.0) -> np.ndarray:
+                       key: str | None = None, temperature: float = 1.0,
+                       segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         with self._on_stream():
             if not self._dims.is_last:
                 raise BackendError("token_logprobs is only available on the last stage")
@@ -294,12 +308,13 @@ class MLXStage:
             if key is not None:
                 self._check_new_key(key)
             tgt_mx = mx.array(to_boundary(tgt, tokens=True).astype(np.int32))
-            logits, _ = stage_forward(self._all_params(), x, self._dims)
+            layout = self._packed(segments, x)
+            logits, _ = stage_forward(self._all_params(), x, self._dims, layout=layout)
             logprobs = gather_logprobs(logits, tgt_mx, float(temperature))
             mx.eval(logprobs)
             if key is not None:
                 self._pending[key] = _Pending(params=dict(self._params), inputs=x, out_shape=tuple(logprobs.shape),
-                                              targets=tgt_mx, temperature=float(temperature))
+                                              targets=tgt_mx, temperature=float(temperature), layout=layout)
             return to_boundary(np.array(logprobs))
 
     # -- backward / optimiser ----------------------------------------------------
@@ -321,7 +336,7 @@ class MLXStage:
                     x, values = pending.inputs, arrays
                 else:
                     x, values = arrays[0], arrays[1:]
-                out, _ = stage_forward(self._all_params(dict(zip(names, values))), x, dims)
+                out, _ = stage_forward(self._all_params(dict(zip(names, values))), x, dims, layout=pending.layout)
                 if pending.targets is not None:
                     out = gather_logprobs(out, pending.targets, pending.temperature)
                 return out

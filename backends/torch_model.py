@@ -69,7 +69,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=biases.o)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple]:
+                past: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple]:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -82,7 +83,9 @@ class Attention(nn.Module):
         # grouped-query attention without copying each key/value head per query head (a copy of the
         # whole cache per layer and step was ~30 % of a SmolLM2 decoding step on a CPU)
         gqa = self.n_heads != self.n_kv
-        if past_len == 0:
+        if mask is not None:  # packed rows: each row's own mask [B, 1, T, T] (no cache)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif past_len == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
         elif t == 1:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
@@ -113,8 +116,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, biases.mlp)
 
-    def forward(self, x, cos, sin, past):
-        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
+    def forward(self, x, cos, sin, past, mask=None):
+        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, past, mask)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -145,19 +148,28 @@ class StageModule(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, start_pos: int = 0, cache: KVCache | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, layout: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Token ids ``[B, T]`` (first stage) or hidden ``[B, T, H]`` -> hidden or logits.
 
         With ``cache`` the new keys/values are appended to it in place. ``last_only``: the last
         stage normalises and projects only each row's last position (logits ``[B, 1, V]``).
+        ``layout``: packed rows' positions ``[B, T]`` and attention mask ``[B, T, T]``
+        (``backends.base.segment_layout``), instead of causal rows from ``start_pos``.
         """
         if self.first:
             x = self.model.embed_tokens(x)
-        positions = torch.arange(start_pos, start_pos + x.shape[1], device=x.device)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        mask = None
+        if layout is None:
+            positions = torch.arange(start_pos, start_pos + x.shape[1], device=x.device)
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        else:
+            rows, width = layout[0].shape
+            cos, sin = rope_cos_sin(layout[0].reshape(-1), self.head_dim, self.rope_theta)
+            cos, sin = cos.view(rows, 1, width, -1), sin.view(rows, 1, width, -1)
+            mask = layout[1][:, None]
         for key, layer in self.model.layers.items():
             index = int(key)
-            x, present = layer(x, cos, sin, None if cache is None else cache.get(index))
+            x, present = layer(x, cos, sin, None if cache is None else cache.get(index), mask)
             if cache is not None:
                 cache[index] = present
         if not self.last:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from backends.base import (
     OptimizerConfig,
     StageSpec,
     check_expand_rows,
+    segment_layout,
     to_boundary,
 )
 from backends.lora import adapter_layout, initial_adapters, merge
@@ -190,22 +191,25 @@ class TorchStage:
 
     # -- forward -------------------------------------------------------------------
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
-                last_only: bool = False) -> np.ndarray:
+                last_only: bool = False, segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         self._check_loaded()
         if cache_id is not None and key is not None:
             raise BackendError("forward takes cache_id or key, not both")
         if last_only and key is not None:
             raise BackendError("last_only is for inference: a training forward keeps every position")
+        if segments is not None and cache_id is not None:
+            raise BackendError("packed rows (segments) are for training passes, not cached decoding")
         x = self._input_tensor(inputs, requires_grad=key is not None)
+        layout = self._layout_tensors(segments, x)
         if key is not None:
             self._check_new_key(key)
             with torch.enable_grad():
-                out = self._module(x)
+                out = self._module(x, layout=layout)
             self._keep(key, x, out)
             return _to_numpy(out)
         with torch.no_grad():
             if cache_id is None:
-                return _to_numpy(self._module(x, last_only=last_only))
+                return _to_numpy(self._module(x, last_only=last_only, layout=layout))
             cache, batch = self._caches.get(cache_id, ({}, x.shape[0]))
             if batch != x.shape[0]:
                 raise BackendError(f"cache '{cache_id}' holds {batch} rows, got a batch of {x.shape[0]}")
@@ -228,7 +232,8 @@ class TorchStage:
         self._caches.pop(cache_id, None)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
+                       temperature: float = 1.0, segments: Sequence[Sequence[int] | None] | None = None
+                       ) -> np.ndarray:
         self._check_loaded()
         if not self.spec.is_last:
             raise BackendError("token_logprobs runs on the last stage only")
@@ -240,8 +245,9 @@ class TorchStage:
             raise BackendError(f"targets shape {list(tgt.shape)} does not match inputs {list(x.shape[:2])}")
         if key is not None:
             self._check_new_key(key)
+        layout = self._layout_tensors(segments, x)
         with torch.set_grad_enabled(key is not None):
-            logits = self._module(x).float() / temperature
+            logits = self._module(x, layout=layout).float() / temperature
             logp = torch.log_softmax(logits, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
         if key is not None:
             self._keep(key, x, logp)
@@ -355,6 +361,14 @@ class TorchStage:
     def _keep(self, key: str, leaf: torch.Tensor, out: torch.Tensor) -> None:
         """Remember what ``backward(key)`` needs; the first stage's input (token ids) has no gradient."""
         self._keys[key] = (None if self.spec.is_first else leaf, out)
+
+    def _layout_tensors(self, segments: Sequence[Sequence[int] | None] | None,
+                        x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Packed rows' positions and attention mask on this device (None: plain causal rows)."""
+        layout = segment_layout(segments, int(x.shape[0]), int(x.shape[1]))
+        if layout is None:
+            return None
+        return torch.from_numpy(layout[0]).to(self._device), torch.from_numpy(layout[1]).to(self._device)
 
     def _token_tensor(self, array: np.ndarray, what: str) -> torch.Tensor:
         array = np.asarray(array)

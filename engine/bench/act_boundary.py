@@ -75,13 +75,13 @@ class EncodedBoundary:
         return decoded
 
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
-                last_only: bool = False) -> np.ndarray:
-        out = self._inner.forward(inputs, cache_id=cache_id, key=key, last_only=last_only)
+                last_only: bool = False, segments=None) -> np.ndarray:
+        out = self._inner.forward(inputs, cache_id=cache_id, key=key, last_only=last_only, segments=segments)
         return out if self._inner.spec.is_last else self._cross("act", out)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
-        return self._inner.token_logprobs(inputs, targets, key=key, temperature=temperature)
+                       temperature: float = 1.0, segments=None) -> np.ndarray:
+        return self._inner.token_logprobs(inputs, targets, key=key, temperature=temperature, segments=segments)
 
     def backward(self, key: str, grad_output: np.ndarray) -> np.ndarray | None:
         grad = self._inner.backward(key, grad_output)

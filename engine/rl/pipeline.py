@@ -34,19 +34,23 @@ class StagePipeline(Protocol):
     @property
     def num_stages(self) -> int: ...
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None,
+                          keep: np.ndarray | None = None) -> np.ndarray:
         """Append ``tokens int64 [B, T]`` to cache ``cache_id``; logits ``[B, V]`` of the last position.
 
         ``expand`` (opening a cache only): ``tokens`` holds distinct rows, prefilled once, and the
         cache and the logits get ``len(expand)`` rows, row ``i`` a copy of ``tokens`` row ``expand[i]``
-        (the samples of one prompt share its prefill)."""
+        (the samples of one prompt share its prefill). ``keep``: the cache first keeps only these
+        rows (rows that finished), and ``tokens`` has one row for each."""
 
     def drop_cache(self, cache_id: str) -> None:
         """Free a cache on every stage (unknown ids are ignored)."""
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
-        """``log softmax(logits / temperature)`` at ``targets`` (``[B, T]``); with ``key``, keep the graph."""
+                       temperature: float = 1.0, segments: Sequence[Sequence[int] | None] | None = None
+                       ) -> np.ndarray:
+        """``log softmax(logits / temperature)`` at ``targets`` (``[B, T]``); with ``key``, keep the graph;
+        ``segments``: packed rows (``backends.base.segment_layout``)."""
 
     def backward(self, key: str, grad_logprobs: np.ndarray) -> None:
         """Backpropagate ``dloss/dlogprobs`` of a keyed call through every stage (accumulating grads)."""
@@ -128,17 +132,20 @@ class LocalPipeline:
     def num_stages(self) -> int:
         return len(self.backends)
 
-    def _run(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
-             upto_last: bool = False) -> np.ndarray:
+    def _run(self, inputs: np.ndarray, *, key: str | None = None, upto_last: bool = False,
+             segments: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
         x = inputs
         stages = self.backends[:-1] if upto_last else self.backends
         for stage in stages:
-            x = stage.forward(x, cache_id=cache_id, key=key)
+            x = stage.forward(x, key=key, segments=segments)
         return x
 
-    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None) -> np.ndarray:
+    def next_token_logits(self, tokens: np.ndarray, cache_id: str, expand: np.ndarray | None = None,
+                          keep: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(tokens, dtype=np.int64)
         for stage in self.backends:
+            if keep is not None:
+                stage.expand_cache(cache_id, keep)
             x = stage.forward(x, cache_id=cache_id, last_only=True)
             if expand is not None:
                 stage.expand_cache(cache_id, expand)
@@ -150,12 +157,13 @@ class LocalPipeline:
             stage.drop_cache(cache_id)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
-                       temperature: float = 1.0) -> np.ndarray:
+                       temperature: float = 1.0, segments: Sequence[Sequence[int] | None] | None = None
+                       ) -> np.ndarray:
         inputs = np.asarray(inputs, dtype=np.int64)
         try:
-            hidden = self._run(inputs, key=key, upto_last=True)
+            hidden = self._run(inputs, key=key, upto_last=True, segments=segments)
             return self.backends[-1].token_logprobs(hidden, np.asarray(targets, dtype=np.int64), key=key,
-                                                    temperature=temperature)
+                                                    temperature=temperature, segments=segments)
         except Exception:
             if key is not None:
                 self.release(key)

@@ -23,6 +23,16 @@ from backends.base import sample_from_logits
 from engine.rl.pipeline import StagePipeline
 
 _cache_counter = itertools.count()
+#: rows that finished are dropped from the cache once they are at least this share of its rows (each
+#: drop copies the remaining rows once; decoding a finished row costs as much as decoding a live one)
+DROP_FINISHED_SHARE = 0.25
+
+
+def rows_going_on(finished: np.ndarray) -> np.ndarray | None:
+    """The cache rows to keep decoding (``finished``: per cache row), or None to keep them all."""
+    if not finished.any() or finished.mean() < DROP_FINISHED_SHARE:
+        return None
+    return np.flatnonzero(~finished)
 
 
 @dataclass(frozen=True)
@@ -123,16 +133,22 @@ def _decode(pipeline: StagePipeline, tokens: np.ndarray, sampling: SamplingConfi
             logits = pipeline.next_token_logits(distinct, cache_id, expand=expand.reshape(-1))
         else:
             logits = pipeline.next_token_logits(tokens, cache_id)
+        live = np.arange(rows)  # the row of each cache row (rows that finished leave the cache)
         for t in range(steps):
-            out_ver[:, t] = pipeline.versions()
-            tok, lp = sample_from_logits(logits, rng, temperature=sampling.temperature, top_p=sampling.top_p)
-            out_ids[:, t], out_lp[:, t] = tok, lp
-            newly = ~done & np.isin(tok, stops)
-            lengths[newly] = t + 1
-            done |= newly
+            out_ver[live, t] = pipeline.versions()
+            draws = rng.random((rows, 1))[live]  # each row's draw, whichever rows are still decoded
+            tok, lp = sample_from_logits(logits, rng, temperature=sampling.temperature, top_p=sampling.top_p,
+                                         draws=draws)
+            out_ids[live, t], out_lp[live, t] = tok, lp
+            newly = ~done[live] & np.isin(tok, stops)
+            lengths[live[newly]] = t + 1
+            done[live[newly]] = True
             if done.all() or t == steps - 1:
                 break
-            logits = pipeline.next_token_logits(tok[:, None], cache_id)
+            keep = rows_going_on(done[live])
+            if keep is not None:
+                live, tok = live[keep], tok[keep]
+            logits = pipeline.next_token_logits(tok[:, None], cache_id, keep=keep)
     finally:
         pipeline.drop_cache(cache_id)
     return out_ids, out_lp, out_ver, lengths

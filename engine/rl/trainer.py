@@ -64,9 +64,10 @@ class TrainerConfig:
       max_staleness: groups more than this many versions behind the trainer are dropped.
       max_grad_norm: L2 clip of each stage's gradient on its own (0 disables clipping; see
         ``engine.rl.update`` for why per stage).
-      micro_batch_rows: rows per keyed forward/backward.
+      micro_batch_rows: samples per keyed forward/backward (a packed row holds a group's).
       updates_per_batch: optimiser steps per batch (its groups split into this many
         mini-batches; the proximal policy is the one at the start of the first).
+      pack_groups: each group trains as one packed row, its prompt computed once (``engine.rl.batch``).
       eval_every_steps: greedy eval on the held-out split every this many steps (0 = only when asked).
       shuffle_rewards: negative control: permute rewards across all samples of a batch.
       seed: seeds prompt choice, sampling and the control's shuffling.
@@ -85,6 +86,7 @@ class TrainerConfig:
     eval_every_steps: int = 10
     shuffle_rewards: bool = False
     seed: int = 0
+    pack_groups: bool = True
 
     def __post_init__(self) -> None:
         if self.prompts_per_step < 1 or self.group_size < 2:
@@ -104,7 +106,8 @@ class TrainerConfig:
     def update_rules(self) -> UpdateRules:
         """The planner's rules for this run (``engine.rl.update``)."""
         return UpdateRules(objective=self.objective, max_staleness=self.max_staleness,
-                           updates_per_batch=self.updates_per_batch, max_grad_norm=self.max_grad_norm)
+                           updates_per_batch=self.updates_per_batch, max_grad_norm=self.max_grad_norm,
+                           pack_groups=self.pack_groups)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -222,28 +225,33 @@ class Trainer:
 
     def _logprobs(self, batch: TrainBatch) -> np.ndarray:
         """Unkeyed log-probs of ``batch``'s targets under the current weights."""
-        rows = self.config.micro_batch_rows
+        rows = batch.rows_for_samples(self.config.micro_batch_rows)
         return np.concatenate([
             self.pipeline.token_logprobs(batch.inputs[s:s + rows], batch.targets[s:s + rows],
-                                         temperature=self.config.sampling.temperature)
+                                         temperature=self.config.sampling.temperature,
+                                         segments=None if batch.segments is None else batch.segments[s:s + rows])
             for s in range(0, batch.num_rows, rows)], axis=0)
 
     def _update(self, batch: TrainBatch, out: StepLog, proximal: np.ndarray | None, index: int) -> None:
         """One optimiser step on ``batch`` (micro-batched), folding its stats into ``out``."""
         cfg = self.config
         n_tokens = batch.num_tokens
-        out.trained_samples += batch.num_rows
+        out.trained_samples += batch.num_samples
         totals = dict(masked=0.0, clipped=0.0, ess=0.0, weight=0.0, kl=0.0)
         self.pipeline.zero_grad()
         loss = 0.0
-        for start in range(0, batch.num_rows, cfg.micro_batch_rows):
-            rows = slice(start, start + cfg.micro_batch_rows)
+        per_mb = batch.rows_for_samples(cfg.micro_batch_rows)
+        for start in range(0, batch.num_rows, per_mb):
+            rows = slice(start, start + per_mb)
             inputs, targets = batch.inputs[rows], batch.targets[rows]
+            segments = None if batch.segments is None else batch.segments[rows]
             key = f"rl-{self.step_count}-{index}-{start}"
-            logp = self.pipeline.token_logprobs(inputs, targets, key=key, temperature=cfg.sampling.temperature)
+            logp = self.pipeline.token_logprobs(inputs, targets, key=key, temperature=cfg.sampling.temperature,
+                                                segments=segments)
             ref = None
             if self.reference is not None:
-                ref = self.reference.token_logprobs(inputs, targets, temperature=cfg.sampling.temperature)
+                ref = self.reference.token_logprobs(inputs, targets, temperature=cfg.sampling.temperature,
+                                                    segments=segments)
             prox = logp if proximal is None else proximal[rows]
             result = compute_objective(logp, prox, batch.behaviour[rows], batch.advantages[rows], batch.mask[rows],
                                        cfg.objective, ref_logp=ref, normaliser=n_tokens)

@@ -56,12 +56,15 @@ class UpdateRules:
       max_staleness: groups more than this many versions behind the trainer are dropped.
       updates_per_batch: optimiser steps per batch at most (never more than its informative groups).
       max_grad_norm: per-stage L2 clip of the gradient (0 disables clipping).
+      pack_groups: each group trains as one packed row, its prompt computed once for its G samples
+        (``engine.rl.batch``); False: one plain row per sample.
     """
 
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     max_staleness: int = 4
     updates_per_batch: int = 1
     max_grad_norm: float = 1.0
+    pack_groups: bool = True
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -140,12 +143,15 @@ class UpdatePlan:
 
 
 def plan_update(groups: Sequence[Group], trainer_versions: Sequence[int], rules: UpdateRules, pad_id: int, *,
-                shuffle_rng: np.random.Generator | None = None) -> UpdatePlan:
+                shuffle_rng: np.random.Generator | None = None,
+                packable: Sequence[bool] | None = None) -> UpdatePlan:
     """Apply rules 1-4 to one batch of scored groups (all of the same group size).
 
     ``trainer_versions``: the trainer's version per stage at the start of the batch.
     ``shuffle_rng``: the negative control — permute the fresh groups' rewards across the batch
-    before the advantages (None in real runs).
+    before the advantages (None in real runs). ``packable``: per group, whether it may be packed
+    when ``rules.pack_groups`` (the swarm packs only groups whose samples one node generated, so
+    that a row has one generator for the log-prob audit); None: every group.
     """
     staleness = [group_staleness(g, trainer_versions) for g in groups]
     stale = [i for i, s in enumerate(staleness) if s > rules.max_staleness]
@@ -166,6 +172,8 @@ def plan_update(groups: Sequence[Group], trainer_versions: Sequence[int], rules:
         members = [kept[j] for j in chunk]
         plan.minibatch_groups.append([i for i, _ in members])
         plan.minibatches.append(build_batch([groups[i] for i, _ in members], [a for _, a in members], pad_id,
-                                            trainer_versions))
+                                            trainer_versions,
+                                            [rules.pack_groups and (packable is None or packable[i])
+                                             for i, _ in members]))
     plan.advantages = dict(kept)
     return plan

@@ -142,7 +142,8 @@ class Coordinator:
         self.signalling = SignallingServer()
         self.streams = StreamBook()
         rules = UpdateRules(objective=self.run.objective, max_staleness=self.run.max_staleness,
-                            updates_per_batch=self.run.updates_per_batch, max_grad_norm=self.run.max_grad_norm)
+                            updates_per_batch=self.run.updates_per_batch, max_grad_norm=self.run.max_grad_norm,
+                            pack_groups=self.run.pack_groups)
         self.book = RunBook(self.store)
         self.evals = EvalScheduler(self.task, self.store)
         self.generation = GenerationScheduler(self.run, rules, self.task, self.store, self.book, self.evals,

@@ -39,6 +39,7 @@ import numpy as np
 from msgspec.structs import replace
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
+from engine.rl.rollout import rows_going_on
 from engine.swarm import messages
 from engine.swarm.messages import Act, Drop, Gen, GenParams, GenRelease, Ticket, Tok
 from engine.swarm.node_context import NodeContext
@@ -52,6 +53,16 @@ MAX_JOBS = 1024
 MAX_KEPT_CACHES = 256
 #: what a failing job reports instead of killing the node
 JOB_ERRORS = (ProtocolViolation, NetError, LinkClosed, ValueError, RuntimeError, asyncio.TimeoutError)
+
+
+def _kept_rows(keep: list[int] | None, rows: int) -> np.ndarray | None:
+    """``Act.keep`` / ``Tok.keep`` as an index for a step of ``rows`` rows, or a ProtocolViolation."""
+    if keep is None:
+        return None
+    index = np.asarray(keep, dtype=np.int64)
+    if len(index) != rows or (len(index) > 1 and not (np.diff(index) > 0).all()):
+        raise ProtocolViolation("keep must list one strictly increasing row per row of the step")
+    return index
 
 
 def _timed(fn, *args, **kwargs):
@@ -72,7 +83,7 @@ class _FirstStageJob:
 
     route: list[str]
     params: GenParams
-    rows: int
+    rows: int  #: rows its cache holds now (the job's rows, fewer once finished rows were dropped)
     touched: float = field(default_factory=time.monotonic)
     ticket: Ticket | None = None  #: the coordinator's ticket, copied into every act and drop of the job
 
@@ -88,6 +99,12 @@ class _LastStageJob:
     versions: list[int]
     steps: int = 0
     touched: float = field(default_factory=time.monotonic)
+    #: the job row of each row of the cache (rows that finished are dropped in batches); None: every row
+    live: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.live is None:
+            self.live = np.arange(self.rows)
 
 
 class Generation:
@@ -108,7 +125,7 @@ class Generation:
         self._spawn(self._start(msg), msg.job)
 
     def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
-        self._spawn(self._hop(header, x, self._expand(header, x)), header.job)
+        self._spawn(self._hop(header, x, self._expand(header, x), _kept_rows(header.keep, x.shape[0])), header.job)
 
     def on_tok(self, sender: str, header: Tok, payload: bytes) -> None:
         state = self._first.get(header.job)
@@ -116,9 +133,12 @@ class Generation:
             return  # an abandoned job, or the end of a turn the coordinator already continued
         if sender != state.route[-1]:
             raise ProtocolViolation(f"tokens for {header.job} from {sender}, not the route's last stage")
-        if len(header.tokens) != state.rows:
+        keep = _kept_rows(header.keep, len(header.tokens))
+        if keep is None and len(header.tokens) != state.rows:
             raise ProtocolViolation(f"{len(header.tokens)} tokens for a job of {state.rows} rows")
-        self._spawn(self._tokens(header), header.job, prefix="polis-tok")
+        if keep is not None and keep[-1] >= state.rows:
+            raise ProtocolViolation(f"keep names rows beyond the job's {state.rows}")
+        self._spawn(self._tokens(header, keep), header.job, prefix="polis-tok")
 
     def on_drop(self, sender: str, header: Drop, payload: bytes) -> None:
         self.ctx.tasks.spawn(self._drop(header.job, header.route, header.hop, header.ticket, header.through_last,
@@ -223,18 +243,21 @@ class Generation:
                 ids, expand = distinct, inverse.reshape(-1)
         await self._advance(msg.job, ids, counted=True, expand=expand)
 
-    async def _advance(self, job: str, x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None) -> None:
+    async def _advance(self, job: str, x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None,
+                       keep: np.ndarray | None = None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         state = self._first[job]
         state.touched = time.monotonic()
+        if keep is not None:
+            state.rows = len(keep)
         ctx.counters["tokens_generated"] += state.rows
         if not counted:
             await self._enter(job, state.params, x)
         if ctx.stage.spec.is_last:  # a one-stage swarm samples right here
-            await self._sample(job, state.route, state.params, [], x, counted=True, expand=expand)
+            await self._sample(job, state.route, state.params, [], x, counted=True, expand=expand, keep=keep)
             return
-        tensor, payload = await self._compute(ctx.boundary.forward_encoded, partial(rt.gen_forward, expand=expand),
-                                              job, x,
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded,
+                                              partial(rt.gen_forward, expand=expand, keep=keep), job, x,
                                               _wire_encoding(state.params, ctx.stage.run_cfg.activation_encoding),
                                               state.route[1], ctx.stage.spec.stage_index)
         if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
@@ -244,7 +267,8 @@ class Generation:
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
                                                  params=state.params, ticket=state.ticket,
-                                                 expand=None if expand is None else expand.tolist()), payload)
+                                                 expand=None if expand is None else expand.tolist(),
+                                                 keep=None if keep is None else keep.tolist()), payload)
         ctx.boundary.sent(state.route[1], tensor)
 
     def _expand(self, header: Act, x: np.ndarray) -> np.ndarray | None:
@@ -261,19 +285,20 @@ class Generation:
             raise ProtocolViolation("expand on a step that continues a cache")
         return np.asarray(header.expand, dtype=np.int64)
 
-    async def _hop(self, header: Act, x: np.ndarray, expand: np.ndarray | None) -> None:
+    async def _hop(self, header: Act, x: np.ndarray, expand: np.ndarray | None, keep: np.ndarray | None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         ctx.counters["tokens_generated"] += x.shape[0] if expand is None else len(expand)
         if ctx.stage.spec.is_last:
-            await self._sample(header.job, header.route, header.params, header.versions, x, expand=expand)
+            await self._sample(header.job, header.route, header.params, header.versions, x, expand=expand,
+                               keep=keep)
             return
         if len(self._mid_touch) >= MAX_JOBS and header.job not in self._mid_touch:
             raise ProtocolViolation("too many generation jobs in flight")
         self._mid_touch[header.job] = time.monotonic()
         await self._enter(header.job, header.params, x)
         hop = header.hop + 1
-        tensor, payload = await self._compute(ctx.boundary.forward_encoded, partial(rt.gen_forward, expand=expand),
-                                              header.job, x,
+        tensor, payload = await self._compute(ctx.boundary.forward_encoded,
+                                              partial(rt.gen_forward, expand=expand, keep=keep), header.job, x,
                                               _wire_encoding(header.params, ctx.stage.run_cfg.activation_encoding),
                                               header.route[hop], ctx.stage.spec.stage_index)
         await ctx.peers.send(header.route[hop], replace(header, hop=hop, versions=[*header.versions, int(rt.version)],
@@ -281,7 +306,8 @@ class Generation:
         ctx.boundary.sent(header.route[hop], tensor)
 
     async def _sample(self, job: str, route: list[str], params: GenParams | None, versions_so_far: list[int],
-                      x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None) -> None:
+                      x: np.ndarray, counted: bool = False, expand: np.ndarray | None = None,
+                      keep: np.ndarray | None = None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         if params is None:
             raise ProtocolViolation("generation step without sampling parameters")
@@ -296,20 +322,24 @@ class Generation:
             state = self._last[job] = _LastStageJob(rows=rows, tokens=[[] for _ in range(rows)],
                                                     logprobs=[[] for _ in range(rows)],
                                                     finished=np.zeros(rows, dtype=bool), versions=versions)
-        if rows != state.rows or len(versions) != len(state.versions):
+        if rows != len(state.live) or len(versions) != len(state.versions):
             raise ProtocolViolation("generation step does not match its job")
         state.versions = [min(a, b) for a, b in zip(state.versions, versions)]
         state.touched = time.monotonic()
         tokens, logprobs = await self._compute(rt.gen_sample, job, x, temperature=params.temperature,
                                                top_p=params.top_p, seed=params.seed, step=state.steps,
-                                               expand=expand)
-        for r in range(state.rows):
+                                               expand=expand, keep=keep, job_rows=state.live, of_rows=state.rows)
+        for c, r in enumerate(state.live):
             if not state.finished[r]:
-                state.tokens[r].append(int(tokens[r]))
-                state.logprobs[r].append(float(logprobs[r]))
-                state.finished[r] = int(tokens[r]) in params.stop_ids
+                state.tokens[r].append(int(tokens[c]))
+                state.logprobs[r].append(float(logprobs[c]))
+                state.finished[r] = int(tokens[c]) in params.stop_ids
         state.steps += 1
         done = bool(state.finished.all()) or state.steps >= params.max_new_tokens
+        # a cache kept for the episode's next turn keeps every row
+        going_on = None if done or params.keep_cache else rows_going_on(state.finished[state.live])
+        if going_on is not None:
+            state.live, tokens = state.live[going_on], tokens[going_on]
         if done:
             self._last.pop(job, None)  # (a cancelled job is gone already)
             if params.keep_cache:
@@ -323,13 +353,14 @@ class Generation:
                                                         versions=state.versions))
         if len(route) == 1:
             if not done:
-                await self._advance(job, tokens[:, None])
+                await self._advance(job, tokens[:, None], keep=going_on)
             else:
                 self._first.pop(job, None)
             return
-        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done, turn=params.turn))
+        await ctx.peers.send(route[0], Tok(job=job, tokens=[int(t) for t in tokens], done=done, turn=params.turn,
+                                           keep=None if going_on is None else going_on.tolist()))
 
-    async def _tokens(self, header: Tok) -> None:
+    async def _tokens(self, header: Tok, keep: np.ndarray | None) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         job = header.job
         state = self._first[job]
@@ -346,7 +377,7 @@ class Generation:
         tokens = np.asarray(header.tokens, dtype=np.int64)
         if tokens.max() >= rt.vocab_size:
             raise ProtocolViolation("sampled token id outside the vocabulary")
-        await self._advance(job, tokens[:, None])
+        await self._advance(job, tokens[:, None], keep=keep)
 
     async def _drop(self, job: str, route: list[str], hop: int, ticket: Ticket | None,
                     through_last: bool = False, cancel: bool = False) -> None:

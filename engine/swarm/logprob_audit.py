@@ -33,8 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.rl.batch import TrainBatch
-from engine.rl.rollout import Group
+from engine.rl.batch import RowSource, TrainBatch
 
 log = logging.getLogger(__name__)
 
@@ -55,33 +54,20 @@ MAX_GENERATORS = 4096
 
 
 def row_generators(minibatches: Sequence[TrainBatch], minibatch_groups: Sequence[Sequence[int]],
-                   groups: Sequence[Group], generators: Sequence[Sequence[str | None]]) -> list[list[str | None]]:
-    """Per mini-batch, the generator of each of its rows (``generators[g][s]``: of sample s of group g).
-
-    ``engine.rl.batch.build_batch`` sorts a mini-batch's rows by length, longest first (a stable
-    sort); this follows the same order and checks every row's ids, so a row that does not match
-    is attributed to nobody (None) rather than to the wrong node.
-    """
+                   generators: Sequence[Sequence[str | None]]) -> list[list[str | None]]:
+    """Per mini-batch, the generator of each of its rows (``generators[g][s]``: of sample s of group g),
+    from the rows' sources (``TrainBatch.sources``: the group of the mini-batch's and its samples).
+    A packed row whose samples came from different generators, or a row of unknown source, is
+    attributed to nobody (None) rather than to the wrong node."""
     out = []
     for batch, members in zip(minibatches, minibatch_groups):
-        rows = [(g, s) for g in members for s in range(len(groups[g].samples))]
-        seq_len = [len(groups[g].prompt_ids) + len(groups[g].samples[s].completion_ids) for g, s in rows]
-        order = sorted(range(len(rows)), key=lambda r: -seq_len[r])
+        sources: Sequence[RowSource | None] = batch.sources or [None] * batch.num_rows
         gens: list[str | None] = []
-        for r, k in enumerate(order):
-            g, s = rows[k]
-            seq = np.concatenate([groups[g].prompt_ids, groups[g].samples[s].completion_ids])
-            same = r < batch.num_rows and len(seq) - 1 <= batch.inputs.shape[1] and \
-                np.array_equal(batch.inputs[r, :len(seq) - 1], seq[:-1])
-            gens.append(generators[g][s] if same else None)
-        out.append(gens[:batch.num_rows] + [None] * (batch.num_rows - len(gens)))
+        for source in sources:
+            names = set() if source is None else {generators[members[source[0]]][s] for s in source[1]}
+            gens.append(names.pop() if len(names) == 1 else None)
+        out.append(gens)
     return out
-
-
-def take_rows(batch: TrainBatch, order: np.ndarray) -> TrainBatch:
-    """The rows of ``batch`` in ``order``."""
-    return TrainBatch(batch.inputs[order], batch.targets[order], batch.mask[order], batch.behaviour[order],
-                      batch.advantages[order], batch.staleness[order])
 
 
 def route_avoiding(routes: Sequence[Sequence[str]], generator: str | None, turn: int) -> tuple[list[str], bool]:

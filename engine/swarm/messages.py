@@ -93,6 +93,11 @@ TokenRows = Annotated[list[Annotated[list[TokenId], Meta(min_length=1, max_lengt
 Value = Annotated[float, Meta(ge=-1e4, le=1e4)]
 FloatRows = Annotated[list[Annotated[list[Value], Meta(max_length=MAX_TOKENS)]],
                       Meta(min_length=1, max_length=MAX_ROWS)]
+#: per row of a training micro-batch its packed layout ``[prefix_len, n_1, ..., n_G]``
+#: (``backends.base.segment_layout``: a group's prompt once, then its completions), or null for a plain row
+Segments = Annotated[list[Annotated[list[Annotated[int, Meta(ge=0, le=MAX_TOKENS)]],
+                                    Meta(min_length=2, max_length=MAX_ROWS + 1)] | None],
+                     Meta(min_length=1, max_length=MAX_ROWS)]
 BoolRows = Annotated[list[Annotated[list[bool], Meta(max_length=MAX_TOKENS)]],
                      Meta(min_length=1, max_length=MAX_ROWS)]
 Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -204,6 +209,7 @@ class TrainIn(WireMessage, frozen=True, tag="train_in"):
     inputs: TokenRows  # input token ids, one row per sequence
     prox: bool = False  # forward only, for the proximal log-probs before the first update
     ticket: Ticket | None = None  # the micro-batch's signed ticket, forwarded with every hop
+    segments: Segments | None = None  # packed rows' layouts (null: every row plain); every hop carries it
 
 
 class TrainOut(WireMessage, frozen=True, tag="train_out"):
@@ -213,11 +219,12 @@ class TrainOut(WireMessage, frozen=True, tag="train_out"):
     targets: TokenRows  # next-token targets per row
     mask: BoolRows  # which targets count in the loss
     behaviour: FloatRows  # log-probs of the targets under the sampling policy
-    advantages: Annotated[list[Value], Meta(max_length=MAX_ROWS)]  # one per row
+    advantages: Annotated[list[Value], Meta(max_length=MAX_ROWS)]  # one per row (empty with token_advantages)
     normaliser: Annotated[float, Meta(ge=1e-9, le=1e12)]  # divides the summed loss (tokens of the batch)
     prox: bool = False  # forward only: return the log-probs (prox_done), no loss
     proximal: FloatRows | None = None  # proximal log-probs (decoupled PPO's anchor)
     ticket: Ticket | None = None  # the micro-batch's signed ticket (its gradient goes back with it)
+    token_advantages: FloatRows | None = None  # per target instead of per row (packed rows: one per sample)
 
 
 class Apply(WireMessage, frozen=True, tag="apply"):
@@ -409,15 +416,22 @@ class Act(WireMessage, frozen=True, tag="act"):
     #: a generation prefill of the job's distinct prompt rows: job row i is tensor row expand[i]
     #: (every stage expands its cache to the job's rows after it); None: one tensor row per job row
     expand: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
+    #: a decoding step after rows finished: every stage first keeps only these rows of its cache of
+    #: the job (strictly increasing indices; Tok.keep of the step before); None: every row goes on
+    keep: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
+    segments: Segments | None = None  # a training micro-batch's packed rows (TrainIn.segments)
 
 
 class Tok(WireMessage, frozen=True, tag="tok"):
     """Sampled tokens back to stage 0."""
 
     job: JobId  # generation job
-    tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row
+    tokens: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ROWS)]  # one per row going on
     done: bool  # the job is finished: free the caches
     turn: Annotated[int, Meta(ge=0, le=MAX_TURNS)] = 0  # the turn the tokens belong to (GenParams.turn)
+    #: rows finished: the cache rows that go on (strictly increasing), one token each; the next
+    #: step's Act carries the same list so that every stage drops the other rows. None: all rows
+    keep: Annotated[list[RowIndex], Meta(min_length=1, max_length=MAX_ROWS)] | None = None
 
 
 class Drop(WireMessage, frozen=True, tag="drop"):

@@ -115,21 +115,22 @@ class MicrobatchDispatcher:
         if not routes:
             return None
         rows = batch.num_rows
+        per_mb = batch.rows_for_samples(self.micro_batch_rows)  # a packed row holds a group's samples
         pending: dict[int, tuple[TrainBatch, int, int]] = {}  #: mb -> (micro-batch, attempts, first row)
         first_route: dict[int, list[str]] = {}
         if pinned is not None:  # each micro-batch on its rows' route while that route is healthy
             healthy = {tuple(r) for r in routes}
-            for mb, (start, stop) in enumerate(_cuts(rows, max(1, self.micro_batch_rows), pinned)):
+            for mb, (start, stop) in enumerate(_cuts(rows, per_mb, pinned)):
                 pending[mb] = (batch.rows(start, stop), 0, start)
                 first_route[mb] = (list(pinned[start]) if tuple(pinned[start]) in healthy
                                    else route_avoiding(routes, None, mb)[0])
         elif avoid is None:  # each route's share of the rows follows its measured rows/s (engine.swarm.route_weights)
-            for mb, (start, stop, route) in enumerate(self.weights.split_rows(routes, rows, self.micro_batch_rows)):
+            for mb, (start, stop, route) in enumerate(self.weights.split_rows(routes, rows, per_mb)):
                 pending[mb] = (batch.rows(start, stop), 0, start)
                 first_route[mb] = route
         else:  # the audit's pass: each micro-batch on a route that does not end at its rows' generator
-            per_mb = max(1, min(self.micro_batch_rows, math.ceil(rows / len(routes))))
-            for mb, (start, stop) in enumerate(_cuts(rows, per_mb, avoid)):
+            for mb, (start, stop) in enumerate(_cuts(rows, max(1, min(per_mb, math.ceil(rows / len(routes)))),
+                                                     avoid)):
                 pending[mb] = (batch.rows(start, stop), 0, start)
                 first_route[mb] = route_avoiding(routes, avoid[start], mb)[0]
         route_rows: Counter[tuple[str, ...]] = Counter()  #: rows each route finished in this pass
@@ -150,12 +151,15 @@ class MicrobatchDispatcher:
             rows = None
             if proximal is not None:
                 rows = np.round(proximal[start:start + micro.num_rows, :micro.inputs.shape[1]], 6).tolist()
+            per_token = micro.advantages.ndim == 2
             out = messages.TrainOut(step=step, mb=mb, route=route, targets=micro.targets.tolist(),
                                     mask=micro.mask.tolist(), behaviour=np.round(micro.behaviour, 6).tolist(),
-                                    advantages=micro.advantages.tolist(), normaliser=normaliser, prox=forward_only,
-                                    proximal=rows)
+                                    advantages=[] if per_token else micro.advantages.tolist(),
+                                    token_advantages=micro.advantages.tolist() if per_token else None,
+                                    normaliser=normaliser, prox=forward_only, proximal=rows)
             sent = await self.links.send(route[0], messages.TrainIn(step=step, mb=mb, route=route,
-                                                                    inputs=micro.inputs.tolist(), prox=forward_only))
+                                                                    inputs=micro.inputs.tolist(), prox=forward_only,
+                                                                    segments=micro.segment_list()))
             sent = sent and await self.links.send(route[-1], out)
             if not sent and not waiting.future.done():
                 waiting.future.set_result(("failed", "route unreachable"))

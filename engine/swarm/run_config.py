@@ -157,7 +157,9 @@ class RunConfig:
         for rollouts; evals decode greedily with the same budget.
       group_size: samples per prompt (G).
       prompts_per_step: prompt groups consumed by one optimiser step.
-      micro_batch_rows: most sequences in one training micro-batch through the pipeline.
+      micro_batch_rows: most samples in one training micro-batch through the pipeline.
+      pack_groups: a group trains as one packed row, its prompt computed once for its samples
+        (``engine.rl.batch``: a chat prompt is most of a sample's tokens); False: a row per sample.
       updates_per_batch: optimiser steps per batch (its rows split into this many mini-batches);
         with more than one, a forward-only pass first records the proximal log-probs of every
         row under the weights at the start of the batch (decoupled PPO's anchor).
@@ -219,6 +221,7 @@ class RunConfig:
     group_size: Annotated[int, Meta(ge=2, le=256)] = 16
     prompts_per_step: Annotated[int, Meta(ge=1, le=4096)] = 32
     micro_batch_rows: Annotated[int, Meta(ge=1, le=4096)] = 128
+    pack_groups: bool = True
     updates_per_batch: Annotated[int, Meta(ge=1, le=64)] = 4
     max_staleness: Annotated[int, Meta(ge=0, le=1000)] = 4
     lora: LoraSettings = field(default_factory=LoraSettings)

@@ -18,7 +18,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from engine.atomic_file import atomic_write_bytes
 from engine.model.content_hash import METADATA_KEY, tensors_sha256
 from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.update import clip_scale
+
+#: packed rows' layouts of a training micro-batch (``backends.base.segment_layout``), or None
+Segments = Sequence[Sequence[int] | None] | None
 
 log = logging.getLogger(__name__)
 
@@ -129,43 +132,56 @@ class StageRuntime:
         return self.backend
 
     # -- generation -------------------------------------------------------------
-    def gen_forward(self, job: str, x: np.ndarray, expand: np.ndarray | None = None) -> np.ndarray:
+    def gen_forward(self, job: str, x: np.ndarray, expand: np.ndarray | None = None,
+                    keep: np.ndarray | None = None) -> np.ndarray:
         """A generation step of ``job``; with ``expand``, ``x`` holds a prefill's distinct rows and
-        the cache then holds the job's rows (row i a copy of ``x`` row ``expand[i]``)."""
+        the cache then holds the job's rows (row i a copy of ``x`` row ``expand[i]``); with ``keep``
+        the cache first keeps only those rows (rows that finished are not computed any more)."""
+        if keep is not None:
+            self._b().expand_cache(job, keep)
         out = self._b().forward(x, cache_id=job)
         if expand is not None:
             self._b().expand_cache(job, expand)
         return out
 
     def gen_sample(self, job: str, x: np.ndarray, *, temperature: float, top_p: float,
-                   seed: int, step: int, expand: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs)."""
+                   seed: int, step: int, expand: np.ndarray | None = None, keep: np.ndarray | None = None,
+                   job_rows: np.ndarray | None = None, of_rows: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Last stage: run the step, sample one token per row; returns (tokens, behaviour logprobs).
+
+        Step ``step`` of a job draws one uniform per job row from ``(seed, step)``; ``job_rows``: the
+        job row of each row computed (rows that finished were dropped), of ``of_rows`` in all."""
+        if keep is not None:
+            self._b().expand_cache(job, keep)
         logits = self._b().forward(x, cache_id=job, last_only=True)[:, -1, :]
         if expand is not None:
             self._b().expand_cache(job, expand)
             logits = logits[expand]
         rng = np.random.default_rng([seed, step])
-        return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p)
+        draws = None if job_rows is None else rng.random((of_rows, 1))[job_rows]
+        return sample_from_logits(logits, rng, temperature=temperature, top_p=top_p, draws=draws)
 
     def drop(self, job: str) -> None:
         self._b().drop_cache(job)
 
     # -- training ---------------------------------------------------------------
-    def train_forward(self, key: str, x: np.ndarray) -> np.ndarray:
-        return self._b().forward(x, key=key)
+    def train_forward(self, key: str, x: np.ndarray, segments: Segments = None) -> np.ndarray:
+        """A training forward that keeps what backward needs (``segments``: packed rows)."""
+        return self._b().forward(x, key=key, segments=segments)
 
-    def forward_only(self, x: np.ndarray) -> np.ndarray:
+    def forward_only(self, x: np.ndarray, segments: Segments = None) -> np.ndarray:
         """A forward pass that keeps nothing (proximal log-prob passes)."""
-        return self._b().forward(x)
+        return self._b().forward(x, segments=segments)
 
-    def prox_logprobs(self, x: np.ndarray, targets: np.ndarray, temperature: float) -> np.ndarray:
+    def prox_logprobs(self, x: np.ndarray, targets: np.ndarray, temperature: float,
+                      segments: Segments = None) -> np.ndarray:
         """Last stage: log-probs of ``targets`` under the current weights, nothing kept."""
-        return self._b().token_logprobs(x, targets, temperature=temperature)
+        return self._b().token_logprobs(x, targets, temperature=temperature, segments=segments)
 
     def train_last(self, key: str, x: np.ndarray, targets: np.ndarray, mask: np.ndarray, behaviour: np.ndarray,
                    advantages: np.ndarray, normaliser: float, objective: ObjectiveConfig,
-                   temperature: float,
-                   proximal: np.ndarray | None = None) -> tuple[np.ndarray | None, dict[str, float]]:
+                   temperature: float, proximal: np.ndarray | None = None,
+                   segments: Segments = None) -> tuple[np.ndarray | None, dict[str, float]]:
         """Last stage: log-probs, the decoupled objective's gradient, backward. Returns (input grad, stats).
 
         ``proximal``: log-probs under the weights at the start of the batch (recorded by a
@@ -173,7 +189,7 @@ class StageRuntime:
         update, so the proximal policy is the current weights and ``p`` is these very log-probs.
         """
         backend = self._b()
-        logp = backend.token_logprobs(x, targets, key=key, temperature=temperature)
+        logp = backend.token_logprobs(x, targets, key=key, temperature=temperature, segments=segments)
         anchor = logp.copy() if proximal is None else proximal
         result = compute_objective(logp, anchor, behaviour, advantages, mask, objective, normaliser=normaliser)
         grad_in = backend.backward(key, result.grad)

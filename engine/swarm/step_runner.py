@@ -46,7 +46,7 @@ from engine.rl.run_task import RunTask
 from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
-from engine.swarm.logprob_audit import LogprobAudit, mismatch_by_generator, row_generators, take_rows
+from engine.swarm.logprob_audit import LogprobAudit, mismatch_by_generator, row_generators
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
@@ -67,7 +67,7 @@ def pin_rows(minibatches: Sequence[TrainBatch], proximal: Sequence[np.ndarray],
     out_batches, out_prox, out_routes = [], [], []
     for mini, prox, rows in zip(minibatches, proximal, routes):
         order = np.array(sorted(range(len(rows)), key=lambda r: rows[r]), dtype=np.int64)
-        out_batches.append(take_rows(mini, order))
+        out_batches.append(mini.take(order))
         out_prox.append(prox[order])
         out_routes.append([rows[r] for r in order])
     return out_batches, out_prox, out_routes
@@ -148,9 +148,14 @@ class StepRunner:
             generators.append([r.generator for r in rollouts])
         return groups, ids, generators
 
-    def plan(self, groups: list[Group], ids: list[list[int]], num_stages: int) -> UpdatePlan:
-        """The planner's batch; groups it leaves out (stale, no signal) leave the buffer now."""
-        plan = plan_update(groups, [self.book.version] * num_stages, self.rules, self.task.pad_id)
+    def plan(self, groups: list[Group], ids: list[list[int]], num_stages: int,
+             generators: list[list[str | None]] | None = None) -> UpdatePlan:
+        """The planner's batch; groups it leaves out (stale, no signal) leave the buffer now. A group
+        is packed into one row only where one node generated all its samples (``generators``), so
+        the log-prob audit can blame a row's generator."""
+        packable = None if generators is None else [len(set(g)) == 1 and g[0] is not None for g in generators]
+        plan = plan_update(groups, [self.book.version] * num_stages, self.rules, self.task.pad_id,
+                           packable=packable)
         left_out = plan.stale + plan.zero_variance
         if left_out:
             self.store.mark_rollouts([i for g in left_out for i in ids[g]], "dropped")
@@ -175,7 +180,7 @@ class StepRunner:
         if taken is None:
             return False
         groups, ids, generators = taken
-        plan = self.plan(groups, ids, len(routes[0]))
+        plan = self.plan(groups, ids, len(routes[0]), generators)
         if not plan.minibatches:
             return False
         trained_ids = [i for g in plan.trained for i in ids[g]]
@@ -184,7 +189,7 @@ class StepRunner:
         proximal: Sequence[np.ndarray | None] = [None] * len(minibatches)
         pinned: Sequence[Sequence[tuple[str, ...]] | None] = [None] * len(minibatches)
         if len(minibatches) > 1:
-            row_gens = row_generators(minibatches, plan.minibatch_groups, groups, generators)
+            row_gens = row_generators(minibatches, plan.minibatch_groups, generators)
             passed = await self._proximal_pass(self.book.version, minibatches, row_gens)
             if passed is not None and self.run.replica_sync.mode == "diloco":
                 # routes differ between syncs: each row's p (and its update) on the route that sampled it
@@ -249,7 +254,7 @@ class StepRunner:
         rewards = [s.reward for g in groups for s in g.samples]
         version = self.book.version
         entry = {
-            "version": version, "reward": float(np.mean(rewards)), "samples": int(mini.num_rows),
+            "version": version, "reward": float(np.mean(rewards)), "samples": int(mini.num_samples),
             "seconds": round(time.monotonic() - started, 3),
             # the split of ``seconds``: the micro-batches' forward+backward through the pipeline, then the
             # apply (replicas exchange gradients, each stage steps and acknowledges)
@@ -260,7 +265,7 @@ class StepRunner:
             "loss": float(np.sum([x.loss for x in losses])) if losses else 0.0,
         }
         # the stats API's "steps" are these entries, read back a page at a time (engine.swarm.stats_view)
-        self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_rows), info=entry)
+        self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_samples), info=entry)
 
     async def _proximal_pass(self, step: int, minibatches: list[TrainBatch], generators: list[list[str | None]],
                              ) -> tuple[list[np.ndarray], list[list[tuple[str, ...]]]] | None:
@@ -275,7 +280,7 @@ class StepRunner:
         stacked, offsets = stack_batches(minibatches, self.task.pad_id)
         gens = [g for rows in generators for g in rows]
         order = np.array(sorted(range(len(gens)), key=lambda r: (gens[r] is None, gens[r] or "")), dtype=np.int64)
-        grouped = take_rows(stacked, order)
+        grouped = stacked.take(order)
         grouped_gens = [gens[r] for r in order]
         results = await self.microbatches.run(step, grouped, None, forward_only=True, avoid=grouped_gens)
         if results is None:
@@ -308,7 +313,7 @@ class StepRunner:
         if not moved:
             return out_prox, out_routes
         order = np.array(sorted(moved, key=lambda i: own[i] or ()), dtype=np.int64)
-        results = await self.microbatches.run(step, take_rows(stacked, order), None, forward_only=True,
+        results = await self.microbatches.run(step, stacked.take(order), None, forward_only=True,
                                               pinned=[own[i] or () for i in order])
         if results is None:
             return None
@@ -324,7 +329,7 @@ class StepRunner:
 
     def _audit(self, stacked: TrainBatch, proximal: np.ndarray, gens: list[str | None], checked: np.ndarray,
                minibatches: list[TrainBatch], offsets: list[int]) -> None:
-        unchecked = sum(1 for r, g in enumerate(gens) if g is not None and not checked[r])
+        unchecked = sum(stacked.samples_in_row(r) for r, g in enumerate(gens) if g is not None and not checked[r])
         if unchecked:
             self.book.counters["unaudited_rows"] += unchecked
             log.info("%d rows' log-probs could not be checked on a route ending at another node than their "
@@ -336,7 +341,7 @@ class StepRunner:
             for r in range(batch.num_rows):
                 if gens[offsets[m] + r] in gross and batch.mask[r].any():
                     batch.mask[r] = False  # not trained on: its behaviour log-probs are not the policy's
-                    self.book.counters["audit_dropped_rows"] += 1
+                    self.book.counters["audit_dropped_rows"] += batch.samples_in_row(r)
 
     # ------------------------------------------------------------------ optimiser step
     async def _apply(self, step: int) -> bool:

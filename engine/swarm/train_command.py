@@ -55,7 +55,8 @@ def trainer_config(run, *, lag_versions: int = 0):
                          prompts_per_step=run.prompts_per_step, group_size=run.group_size,
                          lag_versions=lag_versions * run.updates_per_batch, max_staleness=run.max_staleness,
                          max_grad_norm=run.max_grad_norm, micro_batch_rows=run.micro_batch_rows,
-                         updates_per_batch=run.updates_per_batch, eval_every_steps=0, seed=run.seed)
+                         updates_per_batch=run.updates_per_batch, eval_every_steps=0, seed=run.seed,
+                         pack_groups=run.pack_groups)
 
 
 def optimizer_config(run):

@@ -36,6 +36,7 @@ from engine.swarm.generation import JOB_ERRORS
 from engine.swarm.messages import Act, Grad, TrainIn, TrainOut
 from engine.swarm.node_context import NodeContext
 from engine.swarm.pipeline_hops import rect
+from engine.swarm.stage_runtime import Segments
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def train_key(msg: TrainIn | TrainOut | Act) -> str:
 class _TrainSlot:
     """Last stage: a micro-batch waits for its activations and its targets."""
 
-    act: tuple[list[str], np.ndarray] | None = None  # (route, activations or input ids)
+    act: tuple[list[str], np.ndarray, Segments] | None = None  # (route, activations or input ids, packed rows)
     out: TrainOut | None = None
     created: float = field(default_factory=time.monotonic)
 
@@ -80,7 +81,7 @@ class Training:
     def on_act(self, sender: str, header: Act, x: np.ndarray) -> None:
         key = train_key(header)
         if self.ctx.stage.spec.is_last:
-            self._slot(key).act = (header.route, x)
+            self._slot(key).act = (header.route, x, header.segments)
             self._spawn(self._last_if_ready(key), header.step, header.mb, f"polis-last-{key}")
         else:
             self._spawn(self._mid(header, x), header.step, header.mb, f"polis-mid-{key}")
@@ -124,22 +125,21 @@ class Training:
         return slot
 
     # ------------------------------------------------------------------ passes
-    def _forward(self, prox: bool, key: str, route: list[str]):
+    def _forward(self, prox: bool, key: str, route: list[str], segments: Segments):
         """The forward for a pass: keep activations for backward, or not (proximal)."""
         rt = self.ctx.stage.rt
         if prox:
-            return lambda _key, x: rt.forward_only(x)
+            return lambda _key, x: rt.forward_only(x, segments)
         again = key in self._keys  # the coordinator re-dispatched it here, its first try still held
         self._keys.add(key)
         self._routes = {k: r for k, r in self._routes.items() if k in self._keys}
         self._routes[key] = list(route)
-        if not again:
-            return rt.train_forward
 
-        def forward_again(k: str, x):
-            rt.release(k)  # that try's gradient will not come (or comes along its old route: refused)
-            return rt.train_forward(k, x)
-        return forward_again
+        def forward(k: str, x):
+            if again:
+                rt.release(k)  # that try's gradient will not come (or comes along its old route: refused)
+            return rt.train_forward(k, x, segments)
+        return forward
 
     async def _first(self, msg: TrainIn) -> None:
         ctx, spec, rt = self.ctx, self.ctx.stage.spec, self.ctx.stage.rt
@@ -151,21 +151,22 @@ class Training:
             raise ProtocolViolation("input token id outside the vocabulary")
         prox = msg.prox
         if spec.is_last:
-            self._slot(key).act = (route, inputs)
+            self._slot(key).act = (route, inputs, msg.segments)
             await self._last_if_ready(key)
             return
-        tensor, payload = await ctx.compute.run(ctx.boundary.forward_encoded, self._forward(prox, key, route), key,
+        tensor, payload = await ctx.compute.run(ctx.boundary.forward_encoded,
+                                                self._forward(prox, key, route, msg.segments), key,
                                                 inputs, ctx.stage.run_cfg.activation_encoding, route[1],
                                                 spec.stage_index)
         await ctx.peers.send(route[1], Act(kind="prox" if prox else "train", job=key, route=route, hop=1,
                                            versions=[int(rt.version)], tensor=tensor, step=msg.step, mb=msg.mb,
-                                           ticket=msg.ticket), payload)
+                                           ticket=msg.ticket, segments=msg.segments), payload)
         ctx.boundary.sent(route[1], tensor)
 
     async def _mid(self, header: Act, x: np.ndarray) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
         key = train_key(header)
-        forward = self._forward(header.kind == "prox", key, header.route)
+        forward = self._forward(header.kind == "prox", key, header.route, header.segments)
         hop = header.hop + 1
         tensor, payload = await ctx.compute.run(ctx.boundary.forward_encoded, forward, key, x,
                                                 ctx.stage.run_cfg.activation_encoding, header.route[hop],
@@ -180,22 +181,23 @@ class Training:
         if slot is None or slot.act is None or slot.out is None:
             return
         del self._slots[key]
-        (route, x), out = slot.act, slot.out
+        (route, x, segments), out = slot.act, slot.out
         if route != out.route:
             raise ProtocolViolation("activations and targets of a micro-batch name different routes")
         targets = rect(out.targets, np.int64, "targets")
         mask = rect(out.mask, bool, "mask")
         behaviour = rect(out.behaviour, np.float32, "behaviour")
-        advantages = np.asarray(out.advantages, dtype=np.float32)
+        advantages = np.asarray(out.advantages, dtype=np.float32) if out.token_advantages is None else \
+            rect(out.token_advantages, np.float32, "token_advantages")
         rows, width = x.shape[0], x.shape[1]
         if targets.shape != (rows, width) or mask.shape != targets.shape or behaviour.shape != targets.shape \
-                or advantages.shape != (rows,):
+                or advantages.shape not in ((rows,), (rows, width)):
             raise ProtocolViolation("targets, mask, behaviour or advantages do not fit the activations")
         if targets.max() >= rt.vocab_size:
             raise ProtocolViolation("target token id outside the vocabulary")
         temperature = run_cfg.sampling.temperature
         if out.prox:
-            logp = await ctx.compute.run(rt.prox_logprobs, x, targets, temperature)
+            logp = await ctx.compute.run(rt.prox_logprobs, x, targets, temperature, segments)
             await ctx.coordinator.send(messages.ProxDone(step=out.step, mb=out.mb,
                                                          logprobs=np.round(logp, 6).astype(float).tolist()))
             return
@@ -207,7 +209,7 @@ class Training:
         self._keys.add(key)
         grad_in, stats = await ctx.compute.run(
             rt.train_last, key, x, targets, mask, behaviour, advantages, out.normaliser,
-            run_cfg.objective, temperature, proximal)
+            run_cfg.objective, temperature, proximal, segments)
         self._keys.discard(key)
         ctx.counters["microbatches_trained"] += 1
         step, mb = out.step, out.mb

@@ -180,3 +180,95 @@ def test_the_samples_of_a_prompt_share_one_prefill_and_decode_as_distinct_rows_d
                                     np.zeros((2, 10, 64), np.float32))
 
     _run(scenario, nodes)
+
+
+def test_rows_that_finished_leave_every_stages_cache_and_the_job_samples_what_it_would_have(monkeypatch):
+    """Sampled rows end at different steps; once enough have, every stage drops them (``Tok.keep`` /
+    ``Act.keep``) and the job's tokens and log-probs are those of a run that decodes every row."""
+    from engine.rl import rollout
+
+    def run(drop_share: float) -> tuple[messages.GenDone, list[messages.Act]]:
+        monkeypatch.setattr(rollout, "DROP_FINISHED_SHARE", drop_share)
+        wire, nodes, acts = MemoryWire(), [], []
+
+        def watch(src, dst, header, payload):
+            if isinstance(header, messages.Act):
+                acts.append(header)
+            return header, payload
+
+        wire.mangle = watch
+        result = []
+
+        async def scenario():
+            first, last = _node(P0, wire), _node(P1, wire)
+            nodes.extend([first, last])
+            for node in nodes:
+                await node.start_compute()
+                _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+            for stage, node in enumerate(nodes):  # exact activations: int8 rows round a batch's float noise
+                welcome = _welcome(stage)
+                welcome["run"]["activation_encoding"] = "fp32"
+                _send(node, welcome)
+            await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+            prompt = [1, 21, 19, 24, 15, 6, 7, 8, 9, 16]
+            _send(first, {"type": "gen", "job": "g", "route": [P0, P1], "prompt_ids": [prompt] * 12,
+                          "params": {**PARAMS, "temperature": 1.5, "max_new_tokens": 10, "seed": 11}})
+            result.append((await _until("gen_done", lambda: _sent(last, messages.GenDone)))[0])
+
+        _run(scenario, nodes)
+        return result[0], acts
+
+    dropping, dropping_acts = run(0.01)
+    keeping, keeping_acts = run(2.0)
+    assert len({len(t) for t in keeping.tokens}) > 1  # rows did end at different steps
+    assert any(a.keep for a in dropping_acts) and not any(a.keep for a in keeping_acts)
+    rows_sent = [a.tensor["shape"][0] for a in dropping_acts[1:]]
+    assert rows_sent == sorted(rows_sent, reverse=True) and rows_sent[-1] < 12
+    assert dropping.tokens == keeping.tokens
+    for a, b in zip(dropping.logprobs, keeping.logprobs):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_a_packed_micro_batch_trains_as_its_plain_rows_do():
+    """One group's rows as plain rows, then packed (its prompt once, ``segments``): the last stage
+    reports the same loss and token count, and stage 0 finishes the backward of both."""
+    wire = MemoryWire()
+    nodes: list[Node] = []
+
+    async def scenario():
+        first, last = _node(P0, wire), _node(P1, wire)
+        nodes.extend([first, last])
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+        for stage, node in enumerate(nodes):
+            welcome = _welcome(stage)
+            welcome["run"]["activation_encoding"] = "fp32"
+            _send(node, welcome)
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        route = [P0, P1]
+        plain = {"inputs": [[1, 5, 6, 9, 0], [1, 5, 6, 10, 11]], "targets": [[5, 6, 9, 2, 0], [5, 6, 10, 11, 2]],
+                 "mask": [[False, False, True, True, False], [False, False, True, True, True]],
+                 "behaviour": [[0.0, 0.0, -1.0, -2.0, 0.0], [0.0, 0.0, -1.5, -1.0, -3.0]]}
+        packed = {"inputs": [[1, 5, 6, 9, 6, 10, 11]], "targets": [[5, 6, 9, 2, 10, 11, 2]],
+                  "mask": [[False, False, True, True, True, True, True]],
+                  "behaviour": [[0.0, 0.0, -1.0, -2.0, -1.5, -1.0, -3.0]]}
+        _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": plain["inputs"]})
+        _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": plain["targets"],
+                     "mask": plain["mask"], "behaviour": plain["behaviour"], "advantages": [1.0, -1.0],
+                     "normaliser": 5.0, "proximal": plain["behaviour"]})
+        _send(first, {"type": "train_in", "step": 0, "mb": 1, "route": route, "inputs": packed["inputs"],
+                      "segments": [[2, 2, 3]]})
+        _send(last, {"type": "train_out", "step": 0, "mb": 1, "route": route, "targets": packed["targets"],
+                     "mask": packed["mask"], "behaviour": packed["behaviour"], "advantages": [],
+                     "token_advantages": [[0.0, 0.0, 1.0, 1.0, -1.0, -1.0, -1.0]], "normaliser": 5.0,
+                     "proximal": packed["behaviour"]})  # w = 1: the loss is the PPO term of the new log-probs
+        losses = await _until("two mb_loss", lambda: len(_sent(last, messages.MbLoss)) == 2 and
+                              _sent(last, messages.MbLoss))
+        await _until("two mb_done", lambda: len(_sent(first, messages.MbDone)) == 2)
+        by_mb = {m.mb: m for m in losses}
+        assert by_mb[0].tokens == by_mb[1].tokens == 5
+        assert by_mb[1].loss == pytest.approx(by_mb[0].loss, abs=1e-5) and by_mb[0].loss != 0.0
+        assert by_mb[1].clipped_fraction == by_mb[0].clipped_fraction
+
+    _run(scenario, nodes)

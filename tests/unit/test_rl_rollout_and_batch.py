@@ -21,10 +21,15 @@ class BigramPipeline:
         self.dropped: list[str] = []
         self.calls = 0
         self.prefills: list[tuple[int, int]] = []  #: (distinct rows computed, rows of the cache) per expand
+        self.kept: list[int] = []  #: rows of the cache after each drop of finished rows
         self._versions = (3, 5)
 
-    def next_token_logits(self, tokens, cache_id, expand=None):
+    def next_token_logits(self, tokens, cache_id, expand=None, keep=None):
         self.calls += 1
+        if keep is not None:
+            assert len(keep) == tokens.shape[0] and max(keep) < self.cache_rows[cache_id]
+            self.cache_rows[cache_id] = len(keep)
+            self.kept.append(len(keep))
         if expand is not None:
             assert cache_id not in self.cache_rows, "only a fresh cache is expanded"
             self.prefills.append((tokens.shape[0], len(expand)))
@@ -51,6 +56,25 @@ def test_each_prompt_is_prefilled_once_for_all_its_samples():
     assert [len(g.samples) for g in groups] == [4, 4, 4]
     greedy_completions(pipe, [[1, 3], [1, 4]], max_new_tokens=3, stop_ids=EOS)
     assert len(pipe.prefills) == 2  # distinct prompts: nothing to share
+
+
+def test_rows_that_finished_leave_the_cache_and_every_row_samples_what_it_would_have(monkeypatch):
+    from engine.rl import rollout
+
+    def run():
+        pipe = BigramPipeline(seed=3)
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+        groups = generate_groups(pipe, ["a", "b"], [[1, 3], [1, 4]], 8, sampling, EOS, np.random.default_rng(5))
+        return pipe, [(s.completion_ids.tolist(), s.behaviour_logprobs.tolist(), s.versions.tolist())
+                      for g in groups for s in g.samples]
+
+    dropping, dropped = run()
+    monkeypatch.setattr(rollout, "DROP_FINISHED_SHARE", 2.0)  # never drop
+    keeping, kept = run()
+    assert dropping.kept and not keeping.kept
+    assert dropping.kept == sorted(dropping.kept, reverse=True) and dropping.kept[-1] < 16
+    assert dropped == kept
+    assert len({len(ids) for ids, _, _ in dropped}) > 1  # rows did finish at different steps
 
 
 def _log_softmax(x):

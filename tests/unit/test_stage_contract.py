@@ -202,6 +202,63 @@ def test_a_prefill_of_distinct_rows_expanded_decodes_as_the_repeated_rows_do(var
         stages[1].forward(np.zeros((1, 2, 48), np.float32), key="k", last_only=True)
 
 
+def _packed_and_plain(model: Model) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, list, np.ndarray]:
+    """Three completions of one prompt as plain rows (prompt + completion, shifted), and the same
+    packed in one row (the prompt once) beside a plain row of another prompt; returns (plain rows'
+    inputs per completion, packed inputs, packed targets, segments, which packed targets count)."""
+    prompt, others = _tokens(model, (1, 5), seed=20)[0], _tokens(model, (1, 6), seed=21)[0]
+    completions = [_tokens(model, (1, n), seed=22 + n)[0] for n in (3, 1, 4)]
+    plain = [np.concatenate([prompt, c]) for c in completions]
+    packed = np.concatenate([prompt[:-1]] + [np.concatenate([prompt[-1:], c[:-1]]) for c in completions])
+    targets = np.concatenate([prompt[1:]] + completions)
+    width = len(packed)
+    inputs = np.stack([packed, np.pad(others[:-1], (0, width - 5))])
+    target_rows = np.stack([targets, np.pad(others[1:], (0, width - 5))])
+    counts = np.zeros((2, width), dtype=bool)
+    counts[0, 4:] = True
+    counts[1, :5] = True
+    return plain, inputs, target_rows, [(4, 3, 1, 4), None], counts
+
+
+def test_packed_rows_give_the_log_probs_and_gradients_of_their_plain_rows(variant, models):
+    """A prompt packed once with its completions (``segments``) scores each completion token and
+    backpropagates exactly as the plain rows prompt + completion do, beside a plain row."""
+    model = models["qwen2"]  # tied embeddings across the two stages
+    plain, inputs, targets, segments, counts = _packed_and_plain(model)
+    weights = np.random.default_rng(30).standard_normal(targets.shape).astype(np.float32) * counts
+    stages = _pipeline(model, variant, 2)
+    hidden = stages[0].forward(inputs, key="packed", segments=segments)
+    logp = stages[1].token_logprobs(hidden, targets, key="packed", temperature=0.7, segments=segments)
+    _train_backward(stages[:1], "packed", stages[1].backward("packed", weights))
+    packed_grads = _pipeline_grads(stages)
+
+    want_logp, start = [], 4
+    reference = _pipeline(model, variant, 2)
+    rows = [(seq[:-1], seq[1:], 4) for seq in plain]
+    rows.append((inputs[1, :5], targets[1, :5], 0))
+    for i, (row_in, row_tgt, first) in enumerate(rows):
+        h = reference[0].forward(row_in[None], key=f"r{i}")
+        lp = reference[1].token_logprobs(h, row_tgt[None], key=f"r{i}", temperature=0.7)[0]
+        if i < len(plain):
+            n = len(row_tgt) - first
+            row_w = np.zeros_like(lp)
+            row_w[first:] = weights[0, start:start + n]
+            want_logp.append(lp[first:])
+            start += n
+        else:
+            row_w = weights[1, :5]
+            np.testing.assert_allclose(logp[1, :5], lp, rtol=0, atol=1e-5)
+        _train_backward(reference[:1], f"r{i}", reference[1].backward(f"r{i}", row_w[None].astype(np.float32)))
+    np.testing.assert_allclose(logp[0, 4:], np.concatenate(want_logp), rtol=0, atol=1e-5)
+    _assert_grads_close(packed_grads, _pipeline_grads(reference))
+    unkeyed = stages[1].token_logprobs(stages[0].forward(inputs, segments=segments), targets, temperature=0.7,
+                                       segments=segments)
+    np.testing.assert_allclose(unkeyed, logp, rtol=0, atol=1e-6)
+    for bad in ([(4, 3, 1, 40), None], [(4, 0, 1), None], [(4,), None], [(4, 3, 1, 4)]):
+        with pytest.raises(BackendError):
+            stages[0].forward(inputs, segments=bad)
+
+
 def test_training_keys_in_flight_accumulate_and_release_forgets(variant, models):
     model = models["llama"]
     tokens = [_tokens(model, (2, 6), seed=s) for s in (10, 11, 12)]

@@ -402,7 +402,7 @@ def test_a_micro_batch_re_dispatched_to_a_first_stage_still_holding_its_first_tr
         def __init__(self):
             self.keys = set()
 
-        def train_forward(self, key, x):
+        def train_forward(self, key, x, segments=None):
             if key in self.keys:
                 raise BackendError(f"training key '{key}' is already in flight")
             self.keys.add(key)

@@ -83,7 +83,7 @@ class TokenOnlyPipeline:
         self.backward_calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  #: (inputs, targets, grad)
         self.step_scales: list[list[float]] = []
 
-    def token_logprobs(self, inputs, targets, *, key=None, temperature=1.0):
+    def token_logprobs(self, inputs, targets, *, key=None, temperature=1.0, segments=None):
         if key is not None:
             self.keyed[key] = (np.asarray(inputs), np.asarray(targets))
         return token_logprobs(inputs, targets)
@@ -144,7 +144,8 @@ class PlayedSwarm:
                 runner.microbatches.on_prox_done("s1", messages.ProxDone(step=m.step, mb=m.mb, logprobs=logp.tolist()))
                 return True
             anchor = logp if m.proximal is None else np.asarray(m.proximal)
-            result = compute_objective(logp, anchor, np.asarray(m.behaviour), np.asarray(m.advantages),
+            advantages = np.asarray(m.advantages if m.token_advantages is None else m.token_advantages)
+            result = compute_objective(logp, anchor, np.asarray(m.behaviour), advantages,
                                        np.asarray(m.mask), self.objective, normaliser=m.normaliser)
             self.grads.append((m.step, inputs, targets, result.grad))
             runner.microbatches.on_mb_done("s0", messages.MbDone(step=m.step, mb=m.mb))
@@ -164,13 +165,14 @@ def codec():
     return TaskCodec.from_dir(base_checkpoint_dir())
 
 
-@pytest.mark.parametrize("updates_per_batch", [1, 3])
-def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_path, codec, updates_per_batch):
+@pytest.mark.parametrize("updates_per_batch,pack", [(1, False), (3, False), (1, True), (3, True)])
+def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_path, codec, updates_per_batch, pack):
+    """Rows plain or packed (a group's prompt once: ``pack_groups``), the same rows and gradients."""
     groups = make_groups(codec)
     fresh = [g for k, g in enumerate(groups) if k not in (2, 6)]
     config = TrainerConfig(task=BASE_TASK, objective=OBJECTIVE, group_size=GROUP_SIZE, prompts_per_step=len(groups),
                            max_staleness=4, updates_per_batch=updates_per_batch, max_grad_norm=1.0,
-                           micro_batch_rows=5, eval_every_steps=0)
+                           micro_batch_rows=5, eval_every_steps=0, pack_groups=pack)
     rules = config.update_rules()
 
     # the in-process trainer
@@ -187,11 +189,12 @@ def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_pa
         adv, _ = rules.advantages(g.rewards()[None, :])
         store.add_rollouts([dict(group_id=f"g{k}", prompt=g.prompt, tokens=s.completion_ids.tolist(),
                                  behaviour_logprobs=s.behaviour_logprobs, versions=s.oldest_versions().tolist(),
-                                 min_version=int(s.oldest_versions().min()), reward=s.reward, advantage=float(a))
+                                 min_version=int(s.oldest_versions().min()), reward=s.reward, advantage=float(a),
+                                 generator="s1")
                             for s, a in zip(g.samples, adv[0])])
     run = RunConfig(task=BASE_TASK, objective=OBJECTIVE, group_size=GROUP_SIZE, prompts_per_step=len(fresh),
                     micro_batch_rows=3, updates_per_batch=updates_per_batch, max_staleness=4, max_grad_norm=1.0,
-                    eval_every_versions=0)
+                    eval_every_versions=0, pack_groups=pack)
     swarm = PlayedSwarm(OBJECTIVE, run.max_grad_norm)
     book = RunBook(store)
     run_task = DigitRunTask(make_task(BASE_TASK), codec)
@@ -220,7 +223,7 @@ def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_pa
                     for r in range(inputs.shape[0])]
     swarm_rows = [(step - TRAINER_VERSION, inputs[r], targets[r], grad[r])
                   for step, inputs, targets, grad in swarm.grads for r in range(inputs.shape[0])]
-    assert len(trainer_rows) == len(swarm_rows) == len(update_of_row) == (len(fresh) - 1) * GROUP_SIZE
+    assert len(trainer_rows) == len(swarm_rows) == len(update_of_row) == (len(fresh) - 1) * (1 if pack else GROUP_SIZE)
     assert [update for update, *_ in swarm_rows] == update_of_row
     for (t_in, t_tg, t_grad), (_, s_in, s_tg, s_grad) in zip(trainer_rows, swarm_rows):
         width = s_in.shape[0]  # the swarm trims micro-batches to their longest row; the rest is padding
@@ -234,12 +237,16 @@ def test_trainer_and_swarm_train_the_same_batches_with_the_same_gradients(tmp_pa
 
 def test_mini_batches_take_whole_groups_and_never_more_updates_than_informative_groups(codec):
     groups = make_groups(codec)
-    rules = UpdateRules(objective=OBJECTIVE, max_staleness=4, updates_per_batch=3)
+    rules = UpdateRules(objective=OBJECTIVE, max_staleness=4, updates_per_batch=3, pack_groups=False)
     plan = plan_update(groups, (TRAINER_VERSION,) * NUM_STAGES, rules, codec.pad_id)
     assert plan.stale == [2, 6] and plan.zero_variance == [4]
     assert plan.minibatch_groups == [[0, 1], [3, 5], [7, 8]]  # contiguous chunks, in the order given
-    for members, batch in zip(plan.minibatch_groups, plan.minibatches):
-        assert batch.num_rows == GROUP_SIZE * len(members)
+    packed = plan_update(groups, (TRAINER_VERSION,) * NUM_STAGES, replace(rules, pack_groups=True), codec.pad_id)
+    assert packed.minibatch_groups == plan.minibatch_groups
+    for members, batch, one_row_each in zip(plan.minibatch_groups, plan.minibatches, packed.minibatches):
+        assert batch.num_rows == batch.num_samples == GROUP_SIZE * len(members)
+        assert one_row_each.num_rows == len(members) and one_row_each.num_samples == batch.num_samples
+        assert one_row_each.num_tokens == batch.num_tokens  # the same completion tokens trained
         # whole groups: each mini-batch's advantages are its groups' own, which sum to zero per group
         assert sorted(batch.advantages.tolist()) == pytest.approx(
             sorted(a for g in members for a in plan.advantages[g].tolist()), abs=1e-6)
