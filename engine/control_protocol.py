@@ -42,7 +42,10 @@ Events (node -> supervisor), each ``{"event": NAME, "t": unix_seconds, ...}``:
              ``content`` for a chat task), ``reward`` (list of ``{"version", "reward"}``), ``stages``
              (list of ``{"stage", "layers", "replicas", "mine"}``); optional: ``model`` (name),
              ``model_parameters``, ``task``, ``samples`` (the latest scored completions, list of
-             ``{"prompt", "answer", "reward", "version"}``, newest last).
+             ``{"prompt", "answer", "reward", "version"}``, newest last), ``credit`` (what the
+             coordinator credits this node with in this run: work it observed or verified,
+             ``{"tokens_generated", "microbatches_trained", "microbatches_forward", "steps_applied"}``;
+             the ``stats`` counters are the node's own count).
 ``log``      ``level``, ``message`` (user-facing log lines; the full log is stderr).
 ``error``    ``message`` (what happened), ``hint`` (what to do next), ``fatal`` (bool).
 ``exported`` ``path`` (the folder written), ``version`` (the policy version in it), ``model`` (name, optional).
@@ -245,6 +248,15 @@ class StageRow(_Strict, frozen=True):
     mine: bool  # this node serves it
 
 
+class CreditRow(_Strict, frozen=True):
+    """What the coordinator credits this node with in the run: work it observed or verified itself."""
+
+    tokens_generated: Count  # tokens of generation results it accepted from routes through this node
+    microbatches_trained: Count  # training micro-batches it saw complete on routes through this node
+    microbatches_forward: Count  # forward-only (proximal) micro-batches likewise
+    steps_applied: Count  # optimiser steps whose weights the stage's vote confirmed
+
+
 class SwarmEvent(_Event, frozen=True, tag="swarm"):
     policy_version: Version  # the swarm's current version
     eval: Annotated[list[EvalPoint], Meta(max_length=10_000)]  # held-out accuracy curve
@@ -257,6 +269,7 @@ class SwarmEvent(_Event, frozen=True, tag="swarm"):
     task: Name | None = None  # e.g. "reasoning_gym:chain_sum"
     samples: Annotated[list[SampleRow], Meta(max_length=16)] = []  # latest scored completions, newest last
     monitor: MonitorRow | None = None  # the reward-hacking monitor's figures (None: none yet)
+    credit: CreditRow | None = None  # the coordinator's verified credit of this node (None: none known)
 
 
 class LogEvent(_Event, frozen=True, tag="log"):

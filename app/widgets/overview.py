@@ -30,7 +30,8 @@ CARDS: dict[str, tuple[str, str, Callable[[float], str]]] = {
     "bytes_received": ("Data received", "Activations and updates received", formatting.data_size),
     "uptime_s": ("Time contributing", "Time your computer spent generating or training (waiting does not count)",
                  formatting.duration),
-    "points": ("Points", "Contribution points credited by the coordinator", formatting.count),
+    "points": ("Points", "Points this computer counts for its own work (tokens / 100 + micro-batches); "
+                         "what the coordinator verified is under Credited", formatting.count),
 }
 
 
@@ -92,3 +93,4 @@ class OverviewPage(QWidget):
         self.swarm_chart.set_data(swarm.get("eval"), swarm.get("reward"), task=swarm.get("task"))
         self.pipeline.set_stages(swarm.get("stages"))
         self.samples.show_swarm(swarm)
+        self.swarm_panel.show_credit(swarm.get("credit"))

@@ -1,8 +1,11 @@
-"""The state of this node and its swarm: a coloured state line, then swarm, peers, stage, role, version.
+"""The state of this node and its swarm: a coloured state line, then swarm, peers, stage, role, version,
+staleness and the credit the coordinator gives this node.
 
 Swarm, peers, stage and staleness come from the run state's ``RunView`` (so they agree
 with the status line); role, coordinator and policy version from the node's ``status``
-and ``stats`` events (any field may be missing or odd: it shows "–"). Knows nothing about the process.
+and ``stats`` events; the credit (work the coordinator observed or verified, unlike the
+contribution cards, which count what this computer says it did) from its ``swarm`` events
+(any field may be missing or odd: it shows "–"). Knows nothing about the process.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from urllib.parse import urlsplit
 
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
+from app import formatting
 from app.run_state import RunView
 
 _FIELDS = (("swarm", "Swarm"), ("peers", "Peers"), ("stage", "Your stage"), ("role", "Role"),
-           ("version", "Policy version"), ("staleness", "Staleness"))
+           ("version", "Policy version"), ("staleness", "Staleness"), ("credit", "Credited"))
+_CREDIT_TIP = ("Work the coordinator itself saw this computer do in this run: tokens of generation results it "
+               "accepted, training micro-batches it saw complete, optimiser steps whose weights the other "
+               "replicas confirmed. The cards below count what this computer did by its own account.")
 
 
 def _short_url(url: Any) -> str:
@@ -47,6 +54,9 @@ class SwarmStatusPanel(QFrame):
             grid.addWidget(label, row, 0)
             grid.addWidget(value, row, 1)
             self.values[key] = value
+            if key == "credit":
+                label.setToolTip(_CREDIT_TIP)
+                value.setToolTip(_CREDIT_TIP)
         grid.setColumnStretch(1, 1)
         outer.addLayout(grid)
         outer.addStretch(1)
@@ -64,7 +74,7 @@ class SwarmStatusPanel(QFrame):
         self.values["staleness"].setText(view.staleness)
         if not view.running:
             self._coordinator = None
-            for key in ("role", "version"):
+            for key in ("role", "version", "credit"):
                 self.values[key].setText("–")
 
     def update_status(self, status: Mapping[str, Any]) -> None:
@@ -80,3 +90,14 @@ class SwarmStatusPanel(QFrame):
     def set_policy(self, version: Any) -> None:
         if isinstance(version, int) and not isinstance(version, bool):
             self.values["version"].setText(f"v{version}")
+
+    def show_credit(self, credit: Any) -> None:
+        """The coordinator's verified credit of this node (a validated ``swarm`` event's ``credit``, numbers;
+        None: none yet)."""
+        if not isinstance(credit, Mapping):
+            self.values["credit"].setText("–")
+            return
+        tokens, microbatches, steps = (credit.get(k) for k in ("tokens_generated", "microbatches_trained",
+                                                               "steps_applied"))
+        self.values["credit"].setText(f"{formatting.count(tokens)} tokens · {formatting.count(microbatches)} "
+                                      f"micro-batches · {formatting.count(steps)} steps")

@@ -105,7 +105,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
 
     ``wan``: (mix, profile file) of an emulated internet (``polis demo --wan``), or (None, None).
     """
-    from engine.swarm.demo import DemoSwarm
+    from engine.swarm.demo import DemoSwarm, bytes_on_wire
 
     args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0, model=None,
                               set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
@@ -128,7 +128,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
     finally:
         swarm.stop()
     tokens = last["counters"]["completion_tokens"] - first["counters"]["completion_tokens"]
-    wire = last["bytes_on_wire"] - first["bytes_on_wire"]
+    wire = bytes_on_wire(last) - bytes_on_wire(first)
     cpu = None
     if cpu0 is not None and cpu1 is not None:
         cpu = {"coordinator": (cpu1[0] - cpu0[0]) / (t1 - t0),
@@ -176,7 +176,7 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
     """2 stages x 2 replicas from the base to ``versions``; held-out evals every ``eval_every``;
     ``settings``: run-setting overrides (``KEY=VALUE``, as ``polis demo --set``); ``wan``: as for
     ``_swarm_window``."""
-    from engine.swarm.demo import DemoSwarm
+    from engine.swarm.demo import DemoSwarm, bytes_on_wire
 
     args = argparse.Namespace(stages=2, replicas=2, checkpoint=base, backend="torch", max_versions=versions,
                               model=None, set=[*settings, f"eval_every_versions={eval_every}"],
@@ -208,7 +208,7 @@ def _swarm_training(base: str, tmp: Path, versions: int, eval_every: int,
               "accuracy": e["accuracy"]} for e in stats["evals"]]
     return {"curve": curve, "update_bytes": stats["update_bytes"], "dense_update_bytes": stats["dense_update_bytes"],
             "staleness_histogram": stats["staleness_histogram"], "seconds": round(time.monotonic() - started, 1),
-            "bytes_on_wire": stats["bytes_on_wire"], "versions_per_min": versions_per_min(stats["versions"]),
+            "bytes_on_wire": bytes_on_wire(stats), "versions_per_min": versions_per_min(stats["versions"]),
             "dropped_stale": stats["counters"].get("dropped_stale", 0)}
 
 

@@ -15,15 +15,19 @@ One aiohttp application serves:
   replicas serve generation routes only (training routes, ``apply`` and replica
   checksums use trainers), load from their stage's leader trainer and follow its
   weight stream (``engine.swarm.stream_book`` keeps the figures);
-* ``/api/stats`` (GET) — JSON for the GUI and ``polis demo``; ``/api/eval`` and
-  ``/api/finish`` (POST, admin token) — ask for an eval / end training; ``/api/export``
-  (POST, admin token) — plan ``polis export --coordinator`` (``engine.swarm.export_api``).
+* ``/api/stats`` (GET) — the public figures a contributor's app and ``polis demo`` read, and
+  ``/api/admin/stats`` (GET, admin token) — those and the operator's (``engine.swarm.stats_view``:
+  paged, cached); ``/api/eval`` and ``/api/finish`` (POST, admin token) — ask for an eval / end
+  training; ``/api/export`` (POST, admin token) — plan ``polis export --coordinator``
+  (``engine.swarm.export_api``). Every admin route goes through one token check (``_admin``).
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
-and nodes simply reconnect. Scheduling is three parts the coordinator composes:
-generation (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``)
-and evals (``engine.swarm.eval_scheduler``); they share a ``RunBook`` and reach nodes
+and nodes simply reconnect. The ledger credits only work the coordinator observed or
+verified (``engine.swarm.credit``, written every ``FLUSH_S``); what nodes report of
+themselves is kept apart, as self-reported (``engine.swarm.ledger``). Scheduling is three
+parts the coordinator composes: generation (``engine.swarm.scheduler``), optimiser steps
+(``engine.swarm.step_runner``) and evals (``engine.swarm.eval_scheduler``); they share a ``RunBook`` and reach nodes
 through ``engine.swarm.membership`` as ``NodeLinks`` (``engine.swarm.run_book``). Node
 messages go to ``engine.swarm.node_reports``, which dispatches them by type. The
 coordinator never receives activations or weights.
@@ -40,7 +44,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 from aiohttp import WSMsgType, web
@@ -56,6 +60,7 @@ from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
 from engine.swarm.coordinator_session import welcome_bytes
+from engine.swarm.credit import FLUSH_S
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
@@ -65,6 +70,7 @@ from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
+from engine.swarm.stats_view import StatsQuery, StatsView
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store, StoreUnavailable
 from engine.swarm.stream_book import StreamBook
@@ -148,6 +154,8 @@ class Coordinator:
                                 step_timeout_s=config.step_timeout_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
                                    on_ready=self._members_changed)
+        self.stats_view = StatsView(self)
+        self._credit_flushed = 0.0  #: monotonic time the verified credit was last written
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -162,6 +170,7 @@ class Coordinator:
         self.signalling.add_routes(app, "/signal")
         app.router.add_get("/node", self._node_ws)
         app.router.add_get("/api/stats", self._stats)
+        app.router.add_get("/api/admin/stats", self._admin(self._admin_stats))
         app.router.add_post("/api/eval", self._admin(self._post_eval))
         app.router.add_post("/api/finish", self._admin(self._post_finish))
         app.router.add_post("/api/export", self._admin(self._post_export))
@@ -188,6 +197,9 @@ class Coordinator:
         self.generation.turns.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if not self.book.credit.flush(self.store):
+            log.error("verified credit of %d peers could not be written before stopping: it is lost",
+                      len(self.book.credit.pending()))
         self.store.close()
 
     async def _tick_loop(self) -> None:
@@ -198,8 +210,12 @@ class Coordinator:
                 self.generation.expire_jobs()
                 if not self.store.writable():
                     continue  # fail closed: nothing is generated or trained that could not be stored
+                if time.monotonic() - self._credit_flushed >= FLUSH_S:
+                    self._credit_flushed = time.monotonic()
+                    self.book.credit.flush(self.store)
                 await self.generation.fill()
-                self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions, self.store.evals)
+                self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions_of,
+                                     self.store.evals)
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -444,50 +460,19 @@ class Coordinator:
         return web.Response(body=msgspec.json.encode(plan), content_type="application/json")
 
     async def _stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats())
+        return self._stats_answer(request, self.stats_view.public)
 
-    def stats(self) -> dict[str, Any]:
-        book, generation, steps = self.book, self.generation, self.steps
-        replicas = self.members.stage_replicas()
-        inference = self.members.inference_replicas()
-        ledger = self.store.ledger()
-        return {
-            "run_id": self.run_id, "version": book.version, "finished": book.finished,
-            "task": self.run.task.name, "model": self.run.model or self.checkpoint_dir.name,
-            "model_parameters": self.model_parameters,
-            "lora_rank": self.run.lora.rank if self.run.lora.enabled else None,  # None: full fine-tuning
-            "num_stages": self.num_stages, "uptime_s": round(time.time() - self.started, 1),
-            "stages": [{"stage": i, "layers": spec.describe(self.model_config.num_hidden_layers),
-                        "replicas": replicas[i], "inference": inference[i], "leader": self.members.leader(i)}
-                       for i, spec in enumerate(self.specs)],
-            "weight_votes": dict(self.members.authority.counters),  # votes, splits, resyncs, evictions, refusals
-            "nodes": [{"peer_id": s.peer_id, "stage": s.stage, "ready": s.ready, "backend": s.backend,
-                       "version": s.version, "role": s.role,
-                       "rollouts_scored": generation.scored_by_peer.get(s.peer_id, 0),
-                       "refused_results": generation.flagged.get(s.peer_id, 0),
-                       "logprob_mismatch": steps.audit.scores[s.peer_id].score if s.peer_id in steps.audit.scores
-                       else None} for s in self.sessions.values()],
-            # per generator: behaviour log-probs vs the proximal pass (engine.swarm.logprob_audit)
-            "logprob_audit": steps.audit.snapshot(),
-            "weight_stream": self.streams.stats(),
-            "evals": self.store.evals(), "eval_running": self.evals.running,
-            "versions": [{"version": v["version"], "reward": v["reward"], "samples": v["samples"],
-                          "created_at": v["created_at"]}
-                         for v in self.store.versions()],
-            "steps": steps.step_log[-50:], "rollouts": self.store.rollout_counts(),
-            "received_rollouts": generation.received_rollouts, "jobs_in_flight": len(generation.jobs),
-            # per route: the jobs in flight it gets and why (engine.swarm.inflight)
-            "in_flight": generation.pacer.snapshot(self.members.gen_routes(), self.run.generations_in_flight),
-            # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
-            "route_weights": {"generation": generation.weights.snapshot()["generation"],
-                              "training": steps.microbatches.weights.snapshot()["training"]},
-            "samples": list(generation.samples), "monitor": self.monitor.figures,
-            "env": self.run.env.name,
-            "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
-            "counters": dict(book.counters), "update_bytes": steps.update_bytes,
-            "storage_error": self.store.write_error,  # None, or why ingestion and training are paused
-            "paused": [why for why in map(self.stage_lost, range(self.num_stages)) if why is not None],
-            "dense_update_bytes": steps.dense_update_bytes, "ledger": ledger,
-            "bytes_on_wire": sum(p["bytes_sent"] for p in ledger.values()),
-            "tokens_generated": sum(p["tokens_generated"] for p in ledger.values()),
-        }
+    async def _admin_stats(self, request: web.Request) -> web.Response:
+        return self._stats_answer(request, self.stats_view.admin)
+
+    @staticmethod
+    def _stats_answer(request: web.Request, view: Callable[[StatsQuery], dict[str, Any]]) -> web.Response:
+        try:
+            query = StatsQuery.parse(request.query)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)[:500]}, status=400)
+        return web.json_response(view(query))
+
+    def stats(self, query: StatsQuery | None = None) -> dict[str, Any]:
+        """Everything ``/api/admin/stats`` shows (``engine.swarm.stats_view``), for callers in this process."""
+        return self.stats_view.admin(query or StatsQuery())

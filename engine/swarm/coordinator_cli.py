@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-versions", type=int, default=None, help="stop training at this policy version")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--admin-token-file", default=None,
-                        help="write the admin token (for POST /api/eval, /api/finish) to this file")
+                        help="write the admin token (for GET /api/admin/stats, POST /api/eval, /api/finish, "
+                             "/api/export) to this file")
     parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
     parser.add_argument("--max-nodes-per-address", type=int, default=16,
                         help="most node identities admitted from one network address (identities are free)")
@@ -62,13 +63,13 @@ async def _serve(args) -> int:
     from engine.swarm.coordinator import Coordinator
 
     coordinator = Coordinator(build_config(args))
-    url = await coordinator.start()
-    if args.admin_token_file:
+    if args.admin_token_file:  # before serving: whoever sees the coordinator answer can read its admin stats
         import os
 
         fd = os.open(args.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(coordinator.admin_token)
+    url = await coordinator.start()
     advertiser = None
     if args.lan:
         from engine import __version__

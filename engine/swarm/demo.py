@@ -139,9 +139,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def _get(url: str, timeout_s: float = 5.0, token: str | None = None) -> dict[str, Any]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+def bytes_on_wire(stats: dict[str, Any]) -> float:
+    """Bytes the nodes sent on peer links, as they reported them (admin stats: nobody else counts them)."""
+    return float(stats["self_reported"]["bytes_sent"])
 
 
 #: how long the watch loop waits out a coordinator that does not answer its stats request (a busy or
@@ -293,11 +299,15 @@ class DemoSwarm:
             self.group.spawn(f"node{i}", argv + (self.wan.node_args(i) if self.wan else []))
 
     def stats(self) -> dict[str, Any]:
-        """The coordinator's stats; a slow answer is retried for :data:`STATS_PATIENCE_S` seconds."""
+        """The coordinator's admin stats (this process holds the token), with the longest page of
+        versions, steps and evals; a slow answer is retried for :data:`STATS_PATIENCE_S` seconds."""
+        from engine.swarm.stats_view import MAX_PAGE
+
         deadline = time.monotonic() + STATS_PATIENCE_S
         while True:
             try:
-                return _get(self.url + "/api/stats", 15.0)
+                return _get(f"{self.url}/api/admin/stats?limit={MAX_PAGE}", 15.0,
+                            token=self.token_file.read_text().strip())
             except OSError:  # includes timeouts and refused connections
                 if time.monotonic() > deadline or self.procs[0].poll() is not None:
                     log_file = self.run_dir / "coordinator.log"
@@ -325,7 +335,7 @@ def _progress_line(stats: dict[str, Any], elapsed_s: float, tok_rate: float) -> 
     reward = sum(float(s.get("reward", 0.0)) * int(s.get("samples", 0)) for s in recent) / samples if samples else 0.0
     return (f"[{elapsed_s:5.0f}s] nodes {ready}/{len(stats['nodes'])}  version {stats['version']:3d}  "
             f"reward(8) {reward:.3f}  eval {acc}  {tok_rate:6.0f} tok/s  "
-            f"wire {stats['bytes_on_wire'] / 1e6:6.1f} MB  staleness {last.get('staleness_mean', 0.0):.2f}")
+            f"wire {bytes_on_wire(stats) / 1e6:6.1f} MB  staleness {last.get('staleness_mean', 0.0):.2f}")
 
 
 def real_model_settings(args: argparse.Namespace) -> list[str]:
@@ -420,8 +430,9 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
         stats = swarm.stats()
         now = time.monotonic()
         version_times.see(stats["version"], now)
-        rate = (stats["tokens_generated"] - last_tokens) / max(now - last_t, 1e-6)
-        last_tokens, last_t = stats["tokens_generated"], now
+        tokens = stats["credit_totals"]["tokens_generated"]  # verified by the coordinator
+        rate = (tokens - last_tokens) / max(now - last_t, 1e-6)
+        last_tokens, last_t = tokens, now
         elapsed = now - started
         if not args.quiet and now - last_print >= 5.0:
             print(_progress_line(stats, elapsed, rate), file=out, flush=True)
@@ -461,14 +472,14 @@ def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace,
         "step_apply_seconds_mean": _mean_key(steps, "apply_s"),
         # wall clock between consecutive versions, seen by this process (generation waits and evals included)
         "seconds_per_version": version_times.seconds_per_version(),
-        "samples_trained": sum(v["samples"] for v in stats.get("versions", [])),
+        "samples_trained": stats["samples_trained"],
         # a training generation job (prompts_per_job x group_size rows), dispatch to last token, jobs overlapping
         "train_job_seconds_mean": _mean_of(stats["counters"], "train"),
         "eval_job_seconds_mean": _mean_of(stats["counters"], "eval"),
         "nodes": args.stages * args.replicas, "stages": args.stages, "versions": stats["version"],
         "rollouts_lost": max(0, stats["received_rollouts"] - sum(counts.values())),
-        "rollouts": counts, "bytes_on_wire": int(stats["bytes_on_wire"]),
-        "tokens_generated": int(stats["tokens_generated"]),
+        "rollouts": counts, "bytes_on_wire": int(bytes_on_wire(stats)),
+        "tokens_generated": int(stats["credit_totals"]["tokens_generated"]),
         "update_bytes_ratio_vs_dense": (stats["update_bytes"] / stats["dense_update_bytes"]
                                         if stats["dense_update_bytes"] else None),
         "staleness_histogram": stats["staleness_histogram"], "task": stats["task"],

@@ -50,7 +50,7 @@ class EvalScheduler:
         #: the version to evaluate next (None: nothing asked); the base is evaluated first. Durable
         #: (store meta ``eval_wanted``, cleared when its round is recorded): a restart loses no eval.
         saved = store.get_meta("eval_wanted")
-        self.wanted: int | None = 0 if not store.evals() else (None if saved is None else int(saved))
+        self.wanted: int | None = 0 if not store.eval_count() else (None if saved is None else int(saved))
 
     @property
     def running(self) -> bool:
@@ -58,7 +58,7 @@ class EvalScheduler:
 
     def has_baseline(self) -> bool:
         """The "before" eval is recorded (training waits for it)."""
-        return bool(self.store.evals())
+        return self.store.eval_count() > 0
 
     def baseline_running(self) -> bool:
         """The "before" eval still has jobs out (rollouts of version 0 should not pile up meanwhile)."""

@@ -109,8 +109,9 @@ class Membership:
                     if s.ready and s.stage == stage and s.role == "trainer"]
         return self.authority.leader(stage, trainers)
 
-    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
-        """One step's full-weight digests of ``stage``'s trainers: the majority decides (see the module)."""
+    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> str | None:
+        """One step's full-weight digests of ``stage``'s trainers: the majority decides (see the module);
+        returns the digest it decided (None: no majority)."""
         before = self.authority.leaders().get(stage)
         vote = self.authority.vote(stage, digests, version)
         for peer, source in vote.resync:
@@ -124,6 +125,7 @@ class Membership:
                                      f"{self.authority.evict_after} votes in a row")
         if self.leader(stage) != before:
             await self.broadcast(version)
+        return vote.majority
 
     async def weights_refused(self, follower: str, source: str, version: int) -> None:
         """``follower`` refused the weights ``source`` sent for its sync (they missed the majority digest)."""

@@ -374,13 +374,14 @@ class WeightsRefused(WireMessage, frozen=True, tag="weights_refused"):
 
 
 class Report(WireMessage, frozen=True, tag="report"):
-    tokens_generated: Count  # cumulative this session
-    microbatches_trained: Count  # cumulative this session
+    # every count is a delta since the last report, and the node's own word: the ledger keeps the bytes,
+    # uptime and compute seconds as self-reported figures and credits none of it (engine.swarm.ledger)
+    tokens_generated: Count  # claimed; not credited (the coordinator counts the results it accepts)
+    microbatches_trained: Count  # claimed; not credited (the coordinator counts the ones it saw complete)
     bytes_sent: Count  # on peer links
     bytes_received: Count  # on peer links
-    uptime_s: Count  # seconds since the node started
-    # (the fields above are deltas since the last report and go to the ledger; those below pace generation)
-    gen_compute_s: Count = 0.0  # compute-thread seconds of generation steps since the last report
+    uptime_s: Count  # seconds the node ran
+    gen_compute_s: Count = 0.0  # compute-thread seconds of generation steps (also paces generation)
     gen_steps: Count = 0.0  # generation steps (one job, one stage, one token) in those seconds
     link_rtt_ms: Annotated[dict[PeerId, Annotated[float, Meta(ge=0.0, le=600_000.0)]],
                            Meta(max_length=MAX_PEERS)] = {}  # smoothed round trip of each open peer link

@@ -15,7 +15,8 @@ own (they wait on the same silent hop: one silent trainer costs a pass one deadl
 honest partner one miss, not one per micro-batch queued there). Each route's
 share of a pass's rows follows its measured rows per second (``engine.swarm.route_weights``), so a
 slow trainer gets fewer rows instead of holding the pass; the tokens each trainer trained are
-counted (``take_trained_tokens``) for the step's ``apply``, whose aggregation weighs replicas by them. ``last_refused``
+counted (``take_trained_tokens``) for the step's ``apply``, whose aggregation weighs replicas by them, and
+every completed micro-batch is credited to its route's trainers (``engine.swarm.credit``). ``last_refused``
 says whether a failed pass failed because nodes refused a micro-batch (its rows are bad) rather
 than because a node left or was late.
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
+from engine.swarm.credit import Credit
 from engine.swarm.logprob_audit import route_avoiding
 from engine.swarm.rollout_checks import LOGPROB_ROUNDING
 from engine.swarm.route_health import RouteHealth
@@ -78,8 +80,10 @@ class MicrobatchDispatcher:
     """Runs passes of micro-batches over ``links.routes()`` and takes the nodes' reports on them."""
 
     def __init__(self, links: NodeLinks, counters: Counter[str], *, micro_batch_rows: int,
-                 timeout_s: float, mb_timeout_s: float | None = None) -> None:
+                 timeout_s: float, mb_timeout_s: float | None = None, credit: Credit | None = None) -> None:
         self.links, self.counters = links, counters
+        #: verified credit: every trainer of a route that completed a micro-batch (``RunBook.credit``)
+        self.credit = Credit() if credit is None else credit
         self.micro_batch_rows, self.timeout_s = micro_batch_rows, timeout_s
         self.mb_timeout_s = timeout_s if mb_timeout_s is None else min(mb_timeout_s, timeout_s)
         self.health = RouteHealth(links, counters)
@@ -194,6 +198,8 @@ class MicrobatchDispatcher:
                     micro, attempts, start = pending.pop(mb)
                     if status == "done":
                         self.health.answered(finished.route)
+                        self.credit.add(finished.route, **{"microbatches_forward" if forward_only
+                                                           else "microbatches_trained": 1})
                         route_rows[finished.route] += micro.num_rows
                         route_span[finished.route][1] = time.monotonic()
                         if not forward_only:

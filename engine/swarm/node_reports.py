@@ -3,7 +3,8 @@
 :class:`NodeReports` dispatches a decoded node message (a typed struct of
 ``engine.swarm.messages``) by its struct type through one table to the
 part that owns it — generation results to the generation scheduler, micro-batch and step
-reports to the step runner, weight-stream reports to the stream book, counters to the ledger —
+reports to the step runner, weight-stream reports to the stream book, a node's ``report`` to the
+ledger's self-reported half (never to its credit: ``engine.swarm.ledger``) and to the pacer —
 after checking that the sender's role may send it (only trainers step and stream, only
 inference replicas report ``served``). A message a node may not send raises
 ``ProtocolViolation``; the coordinator counts it as a strike against the node.
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from engine.net.errors import ProtocolViolation
 from engine.swarm import messages
+from engine.swarm.ledger import SELF_REPORTED
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
@@ -108,7 +110,7 @@ class NodeReports:
                 name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
-        pacing = ("gen_compute_s", "gen_steps", "link_rtt_ms")  # measurements, not ledger counters
-        counters = {name: getattr(message, name) for name in message.__struct_fields__ if name not in pacing}
-        self.store.add_to_ledger(session.peer_id, **counters)
+        """What a node says of itself: kept as self-reported figures and used for pacing. Its own token
+        and micro-batch counts are claims the coordinator does not credit (it counts what it observed)."""
         self.generation.pacer.observe(session.peer_id, message.gen_compute_s, message.gen_steps, message.link_rtt_ms)
+        self.store.add_self_reported(session.peer_id, **{name: getattr(message, name) for name in SELF_REPORTED})

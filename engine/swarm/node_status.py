@@ -3,8 +3,9 @@
 * every ``report_every_s`` while connected: the counters since the last report
   (``report``) to the coordinator, and a ``stats`` event (work, bytes, compute
   utilisation) to the supervisor (the GUI or a log);
-* every third report: a ``swarm`` event with swarm-wide figures, polled from the
-  coordinator's stats API over one reused HTTP session (closed at stop);
+* every third report: a ``swarm`` event with swarm-wide figures and the credit the coordinator
+  gives this node (work it observed or verified, unlike the node's own counters), polled from
+  the coordinator's public stats API over one reused HTTP session (closed at stop);
 * on any change a user sees: a ``status`` event (state, stage, peers, limits).
 
 It also expires jobs untouched for ``JOB_TTL_S`` (through ``expire``), once per report.
@@ -21,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from engine.control_protocol import CreditRow
 from engine.swarm.messages import MAX_PEERS, Report
 from engine.swarm.node_context import NodeContext
 
@@ -36,6 +38,8 @@ MAX_EVALS, MAX_VERSIONS, MAX_SAMPLES = 200, 500, 4
 MAX_SAMPLE_CHARS = 400
 #: turns of a multi-turn sample the event carries (the last ones)
 MAX_SAMPLE_TURNS = 8
+#: the verified counters a ``swarm`` event carries
+CREDIT_FIELDS = CreditRow.__struct_fields__
 
 
 class NodeStatus:
@@ -104,13 +108,13 @@ class NodeStatus:
 
     async def emit_swarm(self) -> None:
         """Swarm-wide figures for the supervisor, from the coordinator's stats API."""
-        url = self.coordinator_url.rstrip("/") + "/api/stats"
+        me = self.ctx.peer_id
+        url = f"{self.coordinator_url.rstrip('/')}/api/stats?limit={MAX_VERSIONS}&peer={me}"
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATS_TIMEOUT_S))
         try:
             async with self._http.get(url) as response:
                 stats = await response.json()
-            me = self.ctx.peer_id
             steps = stats.get("steps") or []
             staleness = float(steps[-1]["staleness_mean"]) if steps else None
             self.emit("swarm", policy_version=int(stats["version"]), staleness_mean=staleness,
@@ -127,7 +131,8 @@ class NodeStatus:
                       stages=[{"stage": int(s["stage"]), "layers": str(s["layers"]),
                                "replicas": len(s["replicas"]) + len(s.get("inference", ())),
                                "mine": me in s["replicas"] or me in s.get("inference", ())}
-                              for s in stats["stages"]])
+                              for s in stats["stages"]],
+                      credit=_credit(stats.get("credit")))
         except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as exc:
             log.debug("no swarm stats this time: %s", exc)
 
@@ -154,6 +159,13 @@ def _sample(row: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": str(row["prompt"])[-MAX_SAMPLE_CHARS:], "answer": str(row["answer"])[:MAX_SAMPLE_CHARS],
             "reward": float(row["reward"]), "version": int(row["version"]),
             **({"turns": turns, "tool_calls": int(row.get("tool_calls") or 0)} if len(turns) > 1 else {})}
+
+
+def _credit(row: Any) -> dict[str, int] | None:
+    """This node's verified credit as the ``swarm`` event carries it (None: the coordinator has none)."""
+    if not isinstance(row, dict):
+        return None
+    return {name: int(row[name]) for name in CREDIT_FIELDS}
 
 
 def _monitor(figures: Any) -> dict[str, Any] | None:

@@ -96,13 +96,15 @@ class RolloutMonitor:
         self.figures: dict[str, Any] = monitor_figures([], [], [])
         self._at = float("-inf")
 
-    def refresh(self, now: float, outcomes: Sequence[EpisodeOutcome], versions: Callable[[], Sequence[Mapping]],
-                evals: Callable[[], Sequence[Mapping]]) -> None:
+    def refresh(self, now: float, outcomes: Sequence[EpisodeOutcome],
+                versions_of: Callable[[list[int]], Sequence[Mapping]], evals: Callable[[], Sequence[Mapping]]) -> None:
+        """``evals()``: the run's evals; ``versions_of(vs)``: the version rows (with their reward) of ``vs``."""
         if now - self._at < self.every_s:
             return
         self._at = now
         before = set(self.figures["suspicious"])
-        self.figures = monitor_figures(list(outcomes), versions(), evals())
+        found = evals()
+        self.figures = monitor_figures(list(outcomes), versions_of([int(e["version"]) for e in found]), found)
         for tell in sorted(set(self.figures["suspicious"]) - before):
             log.warning("reward-hacking monitor: %s looks suspicious: %s", tell, self.figures[tell])
         if self.figures["episodes"]:

@@ -1,5 +1,6 @@
 """The coordinator's shared view of one run: the policy version, whether training is over, the
-counters, and the small interface through which the coordinator's parts reach the nodes.
+counters, the verified credit each part observes (``engine.swarm.credit``), and the small
+interface through which the coordinator's parts reach the nodes.
 
 The coordinator's scheduling is three collaborating objects — generation
 (``engine.swarm.scheduler``), optimiser steps (``engine.swarm.step_runner``) and held-out evals
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
+from engine.swarm.credit import Credit
 from engine.swarm.messages import CoordinatorToNode
 from engine.swarm.store import Store
 
@@ -41,8 +43,9 @@ class NodeLinks(Protocol):
     def leader(self, stage: int) -> str | None:
         """The trainer the coordinator names to lead ``stage`` (checkpoints, weight stream)."""
 
-    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> None:
-        """Put ``stage``'s full-weight digests at ``version`` to the majority vote and act on it."""
+    async def check_weights(self, stage: int, digests: dict[str, str | None], version: int) -> str | None:
+        """Put ``stage``'s full-weight digests at ``version`` to the majority vote and act on it; the
+        digest it decided (None: none)."""
 
     def inference_replicas(self) -> list[list[str]]:
         """The ready inference replicas of each stage (they follow the leader's weight stream)."""
@@ -68,6 +71,8 @@ class RunBook:
         self.applying: int = self.version
         #: event counts shown in the stats API (failed_jobs, dropped_stale, resyncs, ...)
         self.counters: Counter[str] = Counter()
+        #: work the coordinator observed or verified, per peer, until the coordinator writes it
+        self.credit = Credit()
 
     @property
     def finished(self) -> bool:

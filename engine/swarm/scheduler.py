@@ -252,7 +252,10 @@ class GenerationScheduler:
             self._fail_job(job.job, f"refused: {exc}")
             return
         del self.jobs[job.job]
-        self.weights.gen_finished(job.job, sum(len(t) for t in checked.tokens))
+        tokens = sum(len(t) for t in checked.tokens)
+        self.weights.gen_finished(job.job, tokens)
+        # verified credit: the result passed its checks; every stage of the route computed every token
+        self.book.credit.add(job.route, tokens_generated=tokens)
         self._cancel_twin(job.job)
         m = messages.GenDone(job=m.job, tokens=checked.tokens, logprobs=checked.logprobs, versions=checked.versions)
         counters = self.book.counters  # wall time from dispatch to the last token, per kind of job

@@ -19,7 +19,9 @@
    rule — and steps; the stage leader the links name streams weight deltas to the inference
    replicas); once ``stepped`` comes back (a trainer that trained none of the step's tokens is
    waited for one micro-batch deadline after the others, not the step's) the version advances
-   and is recorded, and each stage's full-weight digests go to the links' majority vote.
+   and is recorded, and each stage's full-weight digests go to the links' majority vote (a replica
+   whose digest is the one decided is credited the step, ``engine.swarm.credit``; under DiLoCo only
+   sync versions are voted, so only they are credited).
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -34,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -93,14 +95,14 @@ class StepRunner:
         self.book, self.evals, self.links = book, evals, links
         self.step_timeout_s = step_timeout_s
         self.microbatches = MicrobatchDispatcher(links, book.counters, micro_batch_rows=run.micro_batch_rows,
-                                                 timeout_s=step_timeout_s, mb_timeout_s=run.microbatch_timeout_s)
+                                                 timeout_s=step_timeout_s, mb_timeout_s=run.microbatch_timeout_s,
+                                                 credit=book.credit)
         #: generators' behaviour log-probs checked against the proximal pass (engine.swarm.logprob_audit)
         self.audit = LogprobAudit(self.microbatches.health.evict, book.counters)
         #: staleness (versions) of every group that left the buffer: trained, dropped stale or idle
         #: kept in the store at every step, so a restarted coordinator and `polis export` see it whole
         saved_hist = store.get_meta("staleness_histogram", {}) or {}
         self.staleness_histogram: Counter[int] = Counter({int(k): int(v) for k, v in saved_hist.items()})
-        self.step_log: list[dict[str, Any]] = []
         self.update_bytes = 0
         self.dense_update_bytes = 0
         saved = store.get_meta("stage_checkpoints", {}) or {}
@@ -262,8 +264,8 @@ class StepRunner:
             "ess": float(np.mean([x.ess for x in losses])) if losses else 1.0,
             "loss": float(np.sum([x.loss for x in losses])) if losses else 0.0,
         }
+        # the stats API's "steps" are these entries, read back a page at a time (engine.swarm.stats_view)
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_samples), info=entry)
-        self.step_log.append(entry)
 
     async def _proximal_pass(self, step: int, minibatches: list[TrainBatch], generators: list[list[str | None]],
                              ) -> tuple[list[np.ndarray], list[list[tuple[str, ...]]]] | None:
@@ -408,7 +410,10 @@ class StepRunner:
                     self.store.set_meta("stage_checkpoint_versions", self.checkpoint_versions)
             # a lone replica's digest is recorded too: `polis export --coordinator` checks fetched weights by it
             if agree and (len(seen) >= 2 or any(m.weights_hash for _, m in seen)):
-                await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
+                decided = await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
+                # verified credit: a step counts for the replicas whose weights are the ones the vote decided
+                self.book.credit.add([p for p, m in seen if decided is not None and m.weights_hash == decided],
+                                     steps_applied=1)
 
     def checkpoint_of(self, stage: int, version: int) -> str | None:
         """The stage checkpoint holding exactly ``version`` (None: there is none; at version 0 the

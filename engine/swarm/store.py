@@ -2,13 +2,17 @@
 
 Everything the coordinator must not forget across a restart lives here: the
 policy version, completed rollouts (the replay buffer's contents, so a finished
-rollout is never lost), the contribution ledger, eval history and run metadata.
+rollout is never lost), the contribution ledger (verified credit and self-reported figures,
+``engine.swarm.ledger``), eval history and run metadata.
 Peers carry their role (trainer or inference replica) so the ledger shows it.
 It is used from the coordinator's event-loop thread only; each call is one short
 transaction on a local file (WAL mode). The store is the only writer of its file, so it
-mirrors the number of ready rollouts per group in memory (loaded when it opens, kept by
-every call that changes a rollout's state): the scheduler asks for those counts on every
-tick, and counting them in SQL grows with the buffer.
+mirrors in memory what is asked often and would otherwise be counted over a whole table
+(loaded when it opens, kept by every write): ready rollouts per group (the scheduler asks on
+every tick), rollouts per state, the number of versions and evals and the samples trained,
+and the ledger's totals. ``changes`` counts the writes to each table, so a reader can cache
+what it read until the table changes (``engine.swarm.stats_view``). Long lists are read a page
+at a time along their primary key (``version_page``, ``eval_page``).
 
 Storage fails closed. A write that SQLite refuses for lack of space or an I/O error (a
 full disk, ``SQLITE_FULL``) raises :class:`StoreUnavailable` and marks the store
@@ -32,9 +36,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numpy as np
+
+from engine.swarm import ledger as ledger_tables
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +54,6 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, public_key TEXT NOT NULL, first_seen REAL NOT NULL,
     last_seen REAL NOT NULL, backend TEXT, device TEXT, stage INTEGER, role TEXT);
-CREATE TABLE IF NOT EXISTS ledger (
-    peer_id TEXT PRIMARY KEY, tokens_generated INTEGER NOT NULL DEFAULT 0,
-    microbatches_trained INTEGER NOT NULL DEFAULT 0, bytes_sent INTEGER NOT NULL DEFAULT 0,
-    bytes_received INTEGER NOT NULL DEFAULT 0, uptime_s REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS rollouts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT NULL, prompt TEXT NOT NULL,
     tokens TEXT NOT NULL, behaviour_logprobs BLOB NOT NULL, versions TEXT NOT NULL,
@@ -64,7 +66,7 @@ CREATE TABLE IF NOT EXISTS versions (
 CREATE TABLE IF NOT EXISTS evals (
     version INTEGER PRIMARY KEY, accuracy REAL NOT NULL, n INTEGER NOT NULL, created_at REAL NOT NULL,
     content REAL);
-"""
+""" + ledger_tables.SCHEMA
 
 #: SQLite result codes (``sqlite3.Error.sqlite_errorcode``, low byte) that mean "storage is failing"
 _STORAGE_CODES = {10, 13, 14}  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
@@ -103,10 +105,6 @@ def _writes(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-#: ledger columns a node's report may increment
-LEDGER_COUNTERS = ("tokens_generated", "microbatches_trained", "bytes_sent", "bytes_received", "uptime_s")
-
-
 @dataclass(frozen=True)
 class StoredRollout:
     """One completed, scored sample as kept in the replay buffer."""
@@ -136,6 +134,14 @@ def _mask_blob(mask: Any, tokens: int) -> bytes | None:
     return None if arr.all() else arr.tobytes()
 
 
+def _check_counts(counts: Mapping[str, float], allowed: tuple[str, ...]) -> None:
+    unknown = set(counts) - set(allowed)
+    if unknown:
+        raise ValueError(f"unknown ledger counters: {sorted(unknown)} (known: {', '.join(allowed)})")
+    if any(not v >= 0 for v in counts.values()):  # NaN too
+        raise ValueError("ledger increments must be non-negative")
+
+
 class Store:
     """A coordinator database at ``path`` (created if missing)."""
 
@@ -159,15 +165,29 @@ class Store:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN loss_mask BLOB")  # before multi-turn episodes
         if "generator" not in {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN generator TEXT")  # before log-prob audits
+        ledger_tables.migrate(self._db)  # before verified credit: self-reported columns only
         found = self.get_meta("schema_version")
         if found is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif found != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: database schema {found} is not {SCHEMA_VERSION}; "
                                "start with a new --db path")
+        #: writes to each table since the store opened (a reader caches until its table's count moves)
+        self.changes: Counter[str] = Counter()
         #: group id -> its rollouts in state 'ready' (only groups with at least one)
         self._ready: Counter[str] = Counter()
+        #: rollouts per state
+        self._states: Counter[str] = Counter()
         self._load_ready_counts()
+        count, samples = self._db.execute("SELECT COUNT(*), COALESCE(SUM(samples), 0) FROM versions").fetchone()
+        self._versions, self._samples_trained = int(count), int(samples)
+        self._evals = int(self._db.execute("SELECT COUNT(*) FROM evals").fetchone()[0])
+        #: sums over every peer of its verified credit and of its self-reported figures
+        self._verified_totals: Counter[str] = Counter()
+        self._reported_totals: Counter[str] = Counter()
+        for row in ledger_tables.read_ledger(self._db).values():
+            self._verified_totals.update({c: row[c] for c in ledger_tables.VERIFIED})
+            self._reported_totals.update(row["self_reported"])
 
     def _unready(self, rows: Iterable[tuple[str]]) -> int:
         """Count rollouts (``(group_id,)`` rows) that just left the 'ready' state; returns how many."""
@@ -259,7 +279,7 @@ class Store:
                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                          (key, json.dumps(value)))
 
-    # -- peers and ledger ------------------------------------------------------
+    # -- peers and ledger (engine.swarm.ledger) -------------------------------------
     @_writes
     def upsert_peer(self, peer_id: str, public_key: str, *, backend: str | None = None,
                     device: str | None = None, stage: int | None = None, role: str | None = None) -> None:
@@ -270,26 +290,57 @@ class Store:
             "backend = excluded.backend, device = excluded.device, stage = excluded.stage, role = excluded.role",
             (peer_id, public_key, now, now, backend, device, stage, role))
         self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
+        self.changes["ledger"] += 1
 
     @_writes
-    def add_to_ledger(self, peer_id: str, **counts: float) -> None:
-        unknown = set(counts) - set(LEDGER_COUNTERS)
-        if unknown:
-            raise ValueError(f"unknown ledger counters: {sorted(unknown)}")
-        if any(v < 0 for v in counts.values()):
-            raise ValueError("ledger increments must be non-negative")
+    def add_credit(self, credit: Mapping[str, Mapping[str, int]]) -> None:
+        """Add verified credit (``{peer: {counter: n}}``, counters of ``ledger.VERIFIED``) in one transaction."""
+        for counts in credit.values():
+            _check_counts(counts, ledger_tables.VERIFIED)
+        self._db.execute("BEGIN")
+        try:
+            for peer_id, counts in credit.items():
+                counts = {k: int(v) for k, v in counts.items() if v}
+                if counts:
+                    self._increment("credit", peer_id, counts)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        for counts in credit.values():
+            self._verified_totals.update({k: int(v) for k, v in counts.items()})
+        self.changes["ledger"] += 1
+
+    @_writes
+    def add_self_reported(self, peer_id: str, **counts: float) -> None:
+        """Add what a node reported of itself (counters of ``ledger.SELF_REPORTED``); never credit."""
+        _check_counts(counts, ledger_tables.SELF_REPORTED)
+        counts = {k: float(v) for k, v in counts.items() if v}
         if not counts:
             return
-        self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))
+        self._increment("ledger", peer_id, counts)
+        self._reported_totals.update(counts)
+        self.changes["ledger"] += 1
+
+    def _increment(self, table: str, peer_id: str, counts: Mapping[str, float]) -> None:
+        self._db.execute("INSERT OR IGNORE INTO ledger(peer_id) VALUES(?)", (peer_id,))  # every peer has a row
+        self._db.execute(f"INSERT OR IGNORE INTO {table}(peer_id) VALUES(?)", (peer_id,))
         assignments = ", ".join(f"{name} = {name} + ?" for name in counts)
-        self._db.execute(f"UPDATE ledger SET {assignments} WHERE peer_id = ?", (*counts.values(), peer_id))
+        self._db.execute(f"UPDATE {table} SET {assignments} WHERE peer_id = ?", (*counts.values(), peer_id))
 
     def ledger(self) -> dict[str, dict[str, Any]]:
-        """Counters per peer, plus its last known ``role`` ("trainer", "inference" or None)."""
-        cols = ", ".join(f"ledger.{c}" for c in LEDGER_COUNTERS)
-        rows = self._db.execute(f"SELECT ledger.peer_id, {cols}, peers.role FROM ledger LEFT JOIN peers "
-                                "ON peers.peer_id = ledger.peer_id ORDER BY ledger.peer_id").fetchall()
-        return {row[0]: {**dict(zip(LEDGER_COUNTERS, row[1:-1])), "role": row[-1]} for row in rows}
+        """Every peer's ledger row (``engine.swarm.ledger``): its last known ``role``, its verified
+        credit and, under ``self_reported``, what it said of itself. Reads the whole table."""
+        return ledger_tables.read_ledger(self._db)
+
+    def ledger_row(self, peer_id: str) -> dict[str, Any] | None:
+        """``peer_id``'s ledger row (one indexed read), or None for a peer never seen."""
+        return ledger_tables.read_ledger(self._db, peer_id).get(peer_id)
+
+    def ledger_totals(self) -> dict[str, dict[str, float]]:
+        """Sums over every peer: ``verified`` credit and ``self_reported`` figures (kept in memory)."""
+        return {"verified": {c: int(self._verified_totals[c]) for c in ledger_tables.VERIFIED},
+                "self_reported": {c: float(self._reported_totals[c]) for c in ledger_tables.SELF_REPORTED}}
 
     # -- rollouts (replay buffer contents) -----------------------------------------
     @_writes
@@ -317,6 +368,7 @@ class Store:
             self._rollback()
             raise
         self._ready.update(groups)
+        self._states["ready"] += len(groups)
         return ids
 
     def ready_rollouts(self, limit: int) -> list[StoredRollout]:
@@ -342,31 +394,32 @@ class Store:
     def mark_rollouts(self, ids: Iterable[int], state: str) -> None:
         if state not in ROLLOUT_STATES:
             raise ValueError(f"unknown rollout state {state!r}")
-        ids = [int(i) for i in ids]
+        ids = list(dict.fromkeys(int(i) for i in ids))  # each once: the counts follow the rows that moved
+        moved: list[tuple[str, str]] = []  #: (group, state it left) of every rollout that changes state
         self._db.execute("BEGIN")
         try:
             for at in range(0, len(ids), 500):  # well under SQLite's bound-parameter limit
                 chunk = ids[at:at + 500]
                 marks = ",".join("?" * len(chunk))
-                if state == "ready":
-                    self._ready.update(g for (g,) in self._db.execute(
-                        f"UPDATE rollouts SET state = 'ready' WHERE state != 'ready' AND id IN ({marks}) "
-                        "RETURNING group_id", chunk).fetchall())
-                    continue
-                left = self._db.execute(f"UPDATE rollouts SET state = ? WHERE state = 'ready' AND id IN ({marks}) "
-                                        "RETURNING group_id", (state, *chunk)).fetchall()
-                self._db.execute(f"UPDATE rollouts SET state = ? WHERE state NOT IN ('ready', ?) AND id IN ({marks})",
+                moved += self._db.execute(f"SELECT group_id, state FROM rollouts WHERE state != ? AND id IN ({marks})",
+                                          (state, *chunk)).fetchall()
+                self._db.execute(f"UPDATE rollouts SET state = ? WHERE state != ? AND id IN ({marks})",
                                  (state, state, *chunk))
-                self._unready(left)
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
             self._load_ready_counts()
             raise
+        self._unready((group,) for group, before in moved if before == "ready")
+        if state == "ready":
+            self._ready.update(group for group, _ in moved)
+        self._states.subtract(before for _, before in moved)
+        self._states[state] += len(moved)
 
     def _load_ready_counts(self) -> None:
         self._ready = Counter(dict(self._db.execute(
             "SELECT group_id, COUNT(*) FROM rollouts WHERE state = 'ready' GROUP BY group_id").fetchall()))
+        self._states = Counter(dict(self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall()))
 
     @_writes
     def drop_stale(self, oldest_fresh_version: int) -> dict[str, int]:
@@ -377,14 +430,16 @@ class Store:
             "UPDATE rollouts SET state = 'dropped' WHERE state = 'ready' AND min_version < ? "
             "RETURNING group_id, min_version", (int(oldest_fresh_version),)).fetchall()
         self._unready((group_id,) for group_id, _ in rows)
+        self._states["ready"] -= len(rows)
+        self._states["dropped"] += len(rows)
         groups: dict[str, int] = {}
         for group_id, min_version in rows:
             groups[group_id] = min(int(min_version), groups.get(group_id, int(min_version)))
         return groups
 
     def rollout_counts(self) -> dict[str, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state").fetchall()
-        return {state: count for state, count in rows}
+        """Rollouts per state (states with none left out); kept in memory, no query."""
+        return {state: n for state, n in sorted(self._states.items()) if n > 0}
 
     # -- versions and evals ----------------------------------------------------------
     @_writes
@@ -395,23 +450,79 @@ class Store:
             raise ValueError(f"policy version {version} does not advance past {latest}")
         self._db.execute("INSERT INTO versions(version, created_at, reward_mean, samples, info) VALUES(?, ?, ?, ?, ?)",
                          (int(version), time.time(), reward_mean, int(samples), json.dumps(info or {})))
+        self._versions += 1
+        self._samples_trained += int(samples)
+        self.changes["versions"] += 1
 
     def latest_version(self) -> int | None:
         row = self._db.execute("SELECT MAX(version) FROM versions").fetchone()
         return row[0]
 
-    def versions(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT version, created_at, reward_mean, samples FROM versions ORDER BY version")
-        return [dict(version=r[0], created_at=r[1], reward=r[2], samples=r[3]) for r in rows.fetchall()]
+    def version_count(self) -> int:
+        """Versions recorded (kept in memory)."""
+        return self._versions
+
+    def samples_trained(self) -> int:
+        """Rows trained over every recorded version (kept in memory)."""
+        return self._samples_trained
+
+    _VERSION_COLUMNS = "version, created_at, reward_mean, samples, info"
+
+    @staticmethod
+    def _version_row(r: tuple) -> dict[str, Any]:
+        return dict(version=r[0], created_at=r[1], reward=r[2], samples=r[3], info=json.loads(r[4] or "{}"))
+
+    def version_page(self, after: int | None, limit: int) -> list[dict[str, Any]]:
+        """At most ``limit`` recorded versions, oldest first: those after version ``after``, or (None)
+        the newest. Each: version, created_at, reward, samples, info (the step's figures)."""
+        return [self._version_row(r) for r in _page(self._db, "versions", self._VERSION_COLUMNS, after, limit)]
+
+    def versions_of(self, versions: Iterable[int]) -> list[dict[str, Any]]:
+        """The recorded ones among ``versions`` (read by key), oldest first."""
+        wanted = sorted({int(v) for v in versions})
+        rows: list[dict[str, Any]] = []
+        for at in range(0, len(wanted), 500):
+            chunk = wanted[at:at + 500]
+            rows += [self._version_row(r) for r in self._db.execute(
+                f"SELECT {self._VERSION_COLUMNS} FROM versions WHERE version IN ({','.join('?' * len(chunk))}) "
+                "ORDER BY version", chunk)]
+        return rows
 
     @_writes
     def record_eval(self, version: int, accuracy: float, n: int, *, content: float | None = None) -> None:
         """``accuracy``: the strict score; ``content``: the content-only score (None: same as strict)."""
         content = accuracy if content is None else content
+        known = self._db.execute("SELECT 1 FROM evals WHERE version = ?", (int(version),)).fetchone() is not None
         self._db.execute("INSERT OR REPLACE INTO evals(version, accuracy, n, created_at, content) "
                          "VALUES(?, ?, ?, ?, ?)", (int(version), float(accuracy), int(n), time.time(), float(content)))
+        self._evals += 0 if known else 1
+        self.changes["evals"] += 1
+
+    @staticmethod
+    def _eval_row(r: tuple) -> dict[str, Any]:
+        return dict(version=r[0], accuracy=r[1], n=r[2], content=r[1] if r[3] is None else r[3])
 
     def evals(self) -> list[dict[str, Any]]:
         """Every eval, oldest version first: version, accuracy (strict), content, n."""
         rows = self._db.execute("SELECT version, accuracy, n, content FROM evals ORDER BY version").fetchall()
-        return [dict(version=r[0], accuracy=r[1], n=r[2], content=r[1] if r[3] is None else r[3]) for r in rows]
+        return [self._eval_row(r) for r in rows]
+
+    def eval_page(self, after: int | None, limit: int) -> list[dict[str, Any]]:
+        """At most ``limit`` evals, oldest first: of versions after ``after``, or (None) the newest."""
+        return [self._eval_row(r) for r in _page(self._db, "evals", "version, accuracy, n, content", after, limit)]
+
+    def eval_count(self) -> int:
+        """Evals recorded (kept in memory)."""
+        return self._evals
+
+
+def _page(db: sqlite3.Connection, table: str, columns: str, after: int | None, limit: int) -> list[tuple]:
+    """Rows of ``table`` (keyed by ``version``) in a range of its primary key, oldest first: at most
+    ``limit`` after version ``after``, or (None) the newest ``limit``. An index range read, never a scan."""
+    if limit <= 0:
+        return []
+    if after is None:
+        rows = db.execute(f"SELECT {columns} FROM {table} ORDER BY version DESC LIMIT ?", (int(limit),)).fetchall()
+        return rows[::-1]
+    return db.execute(f"SELECT {columns} FROM {table} WHERE version > ? ORDER BY version LIMIT ?",
+                      (int(after), int(limit))).fetchall()

@@ -100,9 +100,15 @@ class Swarm:
         # and this process's keyring (usable in some test runs, not in the nodes) must not decide the id
         return load_or_create_key_file(self.tmp / name / KEY_FILE_NAME, what="test node").peer_id
 
-    def stats(self) -> dict | None:
+    def stats(self, *, admin: bool = True) -> dict | None:
+        """The coordinator's stats (None while it does not answer): the admin view with the token it
+        wrote (``admin``), else the public one; the longest page of versions, steps and evals."""
+        from engine.swarm.stats_view import MAX_PAGE
+
+        path = f"/api/admin/stats?limit={MAX_PAGE}" if admin else f"/api/stats?limit={MAX_PAGE}"
         try:
-            with urllib.request.urlopen(self.url + "/api/stats", timeout=5) as r:
+            headers = {"Authorization": f"Bearer {(self.tmp / 'token').read_text().strip()}"} if admin else {}
+            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=headers), timeout=5) as r:
                 return json.loads(r.read())
         except OSError:
             return None

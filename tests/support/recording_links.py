@@ -3,12 +3,15 @@
 One route of one node per stage (``RecordingLinks(route)``) or several replicas per stage
 (``RecordingLinks.grid(stages)``: routes as ``engine.swarm.membership`` builds them). Every send
 is recorded in ``sent`` and handed to ``on_send`` (a test may answer there as a node would);
-``evict`` takes the peer out of every stage and records it in ``evicted``. It does no networking.
+``evict`` takes the peer out of every stage and records it in ``evicted``; ``check_weights`` is
+recorded too and decided by a real ``WeightAuthority`` vote. It does no networking.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from engine.swarm.weight_votes import WeightAuthority
 
 
 class RecordingLinks:
@@ -17,6 +20,7 @@ class RecordingLinks:
         self.sent: list[tuple[str, Any]] = []
         self.evicted: list[tuple[str, str]] = []
         self.on_send: Callable[[str, Any], None] = lambda peer, message: None
+        self.authority = WeightAuthority()
 
     @classmethod
     def grid(cls, stages: list[list[str]]) -> "RecordingLinks":
@@ -54,5 +58,6 @@ class RecordingLinks:
     def leader(self, stage: int) -> str | None:
         return self.stages[stage][0] if self.stages[stage] else None
 
-    async def check_weights(self, stage: int, digests: dict, version: int) -> None:
+    async def check_weights(self, stage: int, digests: dict, version: int) -> str | None:
         self.sent.append(("check_weights", (stage, dict(digests), version)))
+        return self.authority.vote(stage, digests, version).majority

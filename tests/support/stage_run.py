@@ -90,7 +90,8 @@ def make_run(run_dir: Path, base_dir: Path, *, num_stages: int = 2, steps: int =
     store.record_eval(steps, 0.5, 8)
     store.upsert_peer("peer-a", "key-a", backend="torch", device="cpu", stage=0, role="trainer")
     store.upsert_peer("peer-b", "key-b", backend="torch", device="cpu", stage=num_stages - 1, role="trainer")
-    store.add_to_ledger("peer-a", bytes_sent=12_345, tokens_generated=100)
+    store.add_self_reported("peer-a", bytes_sent=12_345)
+    store.add_credit({"peer-a": {"tokens_generated": 100}})
     store.close()
     return StageRun(run_dir=run_dir, runtimes=runtimes, version=at)
 

@@ -1,5 +1,5 @@
 """``polis demo --json``'s summary: the step-time split, seconds per version and samples trained
-come from the coordinator's step log and version records; the real-model recipe is what the demo
+come from the coordinator's step log and version records (its admin stats); the real-model recipe is what the demo
 sends (bf16 activations, 4-prompt steps, checkpoints with every eval)."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ def _stats(**changes):
         "rollouts": {"consumed": 64}, "received_rollouts": 64, "version": 9, "model": "m", "lora_rank": 16,
         "steps": [{"version": 1, "seconds": 10.0, "train_s": 9.0, "apply_s": 1.0},
                   {"version": 2, "seconds": 20.0, "train_s": 17.0, "apply_s": 3.0}],
-        "counters": {"train_jobs_done": 2, "train_job_seconds": 50.0}, "bytes_on_wire": 1e6,
-        "tokens_generated": 1000, "update_bytes": 0, "dense_update_bytes": 0, "staleness_histogram": {"0": 3},
+        "counters": {"train_jobs_done": 2, "train_job_seconds": 50.0}, "self_reported": {"bytes_sent": 1e6},
+        "credit_totals": {"tokens_generated": 1000}, "samples_trained": 56,
+        "update_bytes": 0, "dense_update_bytes": 0, "staleness_histogram": {"0": 3},
         "task": "reasoning_gym:chain_sum", "versions": [{"version": 1, "samples": 32}, {"version": 2, "samples": 24}],
     }
     stats.update(changes)
@@ -59,7 +60,7 @@ def test_the_progress_line_shows_the_reward_over_the_last_eight_steps_weighted_b
     from engine.swarm.demo import _progress_line
 
     steps = [{"reward": 1.0, "samples": 8, "staleness_mean": 1.0}] * 2 + [{"reward": 0.0, "samples": 24}] * 8
-    stats = {"evals": [], "steps": steps, "nodes": [], "version": 10, "bytes_on_wire": 0}
+    stats = {"evals": [], "steps": steps, "nodes": [], "version": 10, "self_reported": {"bytes_sent": 0}}
     assert "reward(8) 0.000" in _progress_line(stats, 1.0, 0.0)  # the two old steps fell out of the window
     stats["steps"] = [{"reward": 1.0, "samples": 8}, {"reward": 0.0, "samples": 24}]
     assert "reward(8) 0.250" in _progress_line(stats, 1.0, 0.0)  # 8 of 32 samples, not the mean of the means

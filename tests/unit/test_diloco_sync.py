@@ -209,6 +209,7 @@ def test_the_coordinator_votes_on_replica_weights_only_at_versions_where_diloco_
     import asyncio
     from collections import Counter
 
+    from engine.swarm.credit import Credit
     from engine.swarm.step_runner import StepRunner
 
     votes: list[tuple[int, dict, int]] = []
@@ -219,7 +220,7 @@ def test_the_coordinator_votes_on_replica_weights_only_at_versions_where_diloco_
     runner = SimpleNamespace(run=RunConfig(replica_sync=ReplicaSyncSettings(mode="diloco", inner_steps=4)),
                              links=SimpleNamespace(stage_replicas=lambda: [["a", "b"]], check_weights=check_weights),
                              checkpoints={}, checkpoint_versions={}, store=None,
-                             book=SimpleNamespace(counters=Counter()))
+                             book=SimpleNamespace(counters=Counter(), credit=Credit()))
 
     def reports(version):
         return {p: messages.Stepped(step=version - 1, version=version, grad_norm=1.0, checksum=c, update_bytes=0,

@@ -108,7 +108,8 @@ def test_the_calculator_demos_summary_has_turns_tool_calls_the_monitor_and_the_t
 
     monitor = monitor_figures([], [], [])
     stats = {"evals": [{"version": 0, "accuracy": 0.0, "content": 0.0, "n": 16}], "rollouts": {"ready": 128},
-             "steps": [], "received_rollouts": 128, "bytes_on_wire": 10, "tokens_generated": 100, "update_bytes": 0,
+             "steps": [], "received_rollouts": 128, "self_reported": {"bytes_sent": 10},
+             "credit_totals": {"tokens_generated": 100}, "samples_trained": 0, "update_bytes": 0,
              "dense_update_bytes": 0, "staleness_histogram": {}, "task": "reasoning_gym:chain_sum", "version": 0,
              "model": "smollm2-135m", "lora_rank": 16, "env": "calculator", "monitor": monitor,
              "counters": {"train_job_seconds": 64.0, "train_jobs_done": 2, "reward_count": 128,

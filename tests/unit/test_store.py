@@ -15,7 +15,8 @@ def test_rollouts_survive_a_restart_of_the_store(tmp_path):
     store.mark_rollouts(ids[:1], "consumed")
     store.record_version(1, reward_mean=0.2, samples=8)
     store.record_eval(1, 0.25, 100, content=0.5)
-    store.add_to_ledger("peer", tokens_generated=10, bytes_sent=100)
+    store.add_credit({"peer": {"tokens_generated": 10}})
+    store.add_self_reported("peer", bytes_sent=100)
     store.close()
 
     again = Store(tmp_path / "c.db")
@@ -25,6 +26,11 @@ def test_rollouts_survive_a_restart_of_the_store(tmp_path):
     assert again.latest_version() == 1
     assert again.evals() == [{"version": 1, "accuracy": 0.25, "n": 100, "content": 0.5}]
     assert again.ledger()["peer"]["tokens_generated"] == 10
+    assert again.ledger()["peer"]["self_reported"]["bytes_sent"] == 100
+    assert again.ledger_totals() == {"verified": {"tokens_generated": 10, "microbatches_trained": 0,
+                                                  "microbatches_forward": 0, "steps_applied": 0},
+                                     "self_reported": {"bytes_sent": 100.0, "bytes_received": 0.0, "uptime_s": 0.0,
+                                                       "gen_compute_s": 0.0}}
 
 
 def test_a_database_from_before_content_scores_gains_the_column_and_reads_strict_as_content(tmp_path):
@@ -60,12 +66,18 @@ def test_stale_rollouts_are_dropped_and_counted(tmp_path):
     assert store.rollout_counts() == {"dropped": 1, "ready": 1}
 
 
-def test_ledger_rejects_unknown_or_negative_counters(tmp_path):
+def test_ledger_rejects_unknown_or_negative_counters_and_self_reported_work_as_credit(tmp_path):
     store = Store(tmp_path / "c.db")
     with pytest.raises(ValueError):
-        store.add_to_ledger("p", points=1)
+        store.add_self_reported("p", points=1)
     with pytest.raises(ValueError):
-        store.add_to_ledger("p", tokens_generated=-1)
+        store.add_self_reported("p", bytes_sent=-1)
+    with pytest.raises(ValueError):
+        store.add_self_reported("p", tokens_generated=10)  # a node's own count of its work is never credit
+    with pytest.raises(ValueError):
+        store.add_credit({"p": {"bytes_sent": 1}})
+    with pytest.raises(ValueError):
+        store.add_credit({"p": {"tokens_generated": -1}})
 
 
 def _sql_group_counts(store):

@@ -9,21 +9,10 @@ import asyncio
 
 import pytest
 
-from engine.paths import base_checkpoint_dir
-from engine.rl.codec import TaskCodec
-from engine.rl.objective import ObjectiveConfig
-from engine.rl.run_task import DigitRunTask
-from engine.rl.tasks import make_task
-from engine.rl.update import UpdateRules
 from engine.swarm import messages
-from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_result
-from engine.swarm.run_book import RunBook
-from engine.swarm.run_config import RunConfig
-from engine.swarm.scheduler import GenerationScheduler
-from engine.swarm.step_runner import StepRunner
-from engine.swarm.store import Store
 from tests.support.recording_links import RecordingLinks
+from tests.support.scheduling_parts import scheduling_parts
 
 ROUTE = ["peer-s0", "peer-s1"]
 LIMITS = RolloutLimits(vocab_size=40, stop_ids=frozenset({2}), max_new_tokens=8)
@@ -44,18 +33,9 @@ def test_check_result_refuses_what_no_honest_sampler_sends_and_cuts_at_the_stop_
 
 @pytest.fixture()
 def parts(tmp_path):
-    codec = TaskCodec.from_dir(base_checkpoint_dir())
-    run = RunConfig(group_size=4, prompts_per_step=1, prompts_per_job=1, generations_in_flight=1,
-                    updates_per_batch=1, micro_batch_rows=4)
-    task, store, links = DigitRunTask(make_task(run.task), codec), Store(tmp_path / "c.db"), RecordingLinks(ROUTE)
-    book, evals = RunBook(store), EvalScheduler(task, store)
-    store.record_eval(0, 0.1, 10)  # the "before" eval is done: training may start
-    evals.wanted = None
-    rules = UpdateRules(objective=ObjectiveConfig(scale_by_std=True))
-    generation = GenerationScheduler(run, rules, task, store, book, evals, links, vocab_size=codec.vocab_size)
-    steps = StepRunner(run, rules, task, store, book, evals, links, step_timeout_s=5.0)
-    yield generation, steps, store, links, codec, task
-    store.close()
+    p = scheduling_parts(tmp_path / "c.db", RecordingLinks(ROUTE))
+    yield p.generation, p.steps, p.store, p.links, p.codec, p.task
+    p.store.close()
 
 
 def test_a_last_stage_that_appends_out_of_vocabulary_ids_and_a_future_version_is_refused_and_flagged(parts):

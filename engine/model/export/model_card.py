@@ -108,7 +108,7 @@ def training_rows(record: RunRecord, result: ExportResult) -> list[tuple[str, st
         ("max staleness", f"{run.get('max_staleness')} versions"),
         ("staleness histogram", f"{json.dumps(hist)} ({record.staleness['counts']})"),
         ("off-policy correction", correction),
-        ("bytes on the wire", f"{record.bytes_on_wire / 1e6:.1f} MB sent by all nodes"),
+        ("bytes on the wire", f"{record.bytes_on_wire / 1e6:.1f} MB sent by all nodes (as they reported it)"),
         ("wall clock", _duration(record.wall_clock_s)),
     ]
 

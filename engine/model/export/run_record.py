@@ -24,6 +24,7 @@ from typing import Any
 
 from engine.model.errors import CheckpointError
 from engine.rl.tasks import TaskConfig
+from engine.swarm.ledger import read_ledger
 
 DB_FILE = "coordinator.db"
 
@@ -106,7 +107,8 @@ class RunRecord:
 
     @property
     def bytes_on_wire(self) -> int:
-        return int(sum(p.get("bytes_sent") or 0 for p in self.ledger.values()))
+        """Bytes the nodes say they sent on peer links (self-reported: nobody else counts them)."""
+        return int(sum((p.get("self_reported") or {}).get("bytes_sent") or 0 for p in self.ledger.values()))
 
     @property
     def wall_clock_s(self) -> float | None:
@@ -145,9 +147,7 @@ class RunRecord:
                                         "ORDER BY version")]
         evals = [dict(version=r[0], accuracy=r[1], n=r[2])
                  for r in db.execute("SELECT version, accuracy, n FROM evals ORDER BY version")]
-        ledger_cols = ("tokens_generated", "microbatches_trained", "bytes_sent", "bytes_received", "uptime_s")
-        ledger = {r[0]: dict(zip(ledger_cols, r[1:]))
-                  for r in db.execute(f"SELECT peer_id, {', '.join(ledger_cols)} FROM ledger ORDER BY peer_id")}
+        ledger = read_ledger(db)  # verified credit, and what each node said of itself (engine.swarm.ledger)
         peers = [PeerRecord(*r) for r in db.execute(
             "SELECT peer_id, role, stage, backend, device, first_seen, last_seen FROM peers ORDER BY first_seen")]
         counts = {state: n for state, n in db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state")}
