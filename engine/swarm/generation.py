@@ -23,6 +23,10 @@ along the route tells the last stage to sample no more of it.
 Every message is checked before the backend sees it (route, rows, vocabulary);
 a failing job is reported (``job_failed``) instead of killing the node.
 
+Every call this module makes on the compute thread (steps and cache drops) runs at background
+priority, in the order made (``engine.swarm.compute_thread``): a drop never overtakes a step of its
+job already queued, and training work goes first.
+
 What it does not know: training, rewards, how links are made.
 """
 
@@ -159,7 +163,7 @@ class Generation:
             return  # a turn of it is running: the release is late or mistaken; expiry frees it later
         ticket = self._kept_tickets.get(msg.job)  # the last turn's ticket: the next stages check it
         self._forget(msg.job)
-        self.ctx.compute.submit(self.ctx.stage.rt.drop, msg.job)
+        self.ctx.compute.submit_background(self.ctx.stage.rt.drop, msg.job)
         if len(msg.route) > 1:
             self.ctx.tasks.spawn(self.ctx.peers.send(msg.route[1], Drop(job=msg.job, route=msg.route, hop=1,
                                                                           through_last=True, ticket=ticket,
@@ -187,11 +191,11 @@ class Generation:
             held = self._cached.get(job, 0)
             self._kept.pop(job, None)
             if want == 0 and held:
-                await self.ctx.compute.run(self.ctx.stage.rt.drop, job)  # a fresh start of a known job
+                await self.ctx.compute.run_background(self.ctx.stage.rt.drop, job)  # a fresh start of a known job
                 held = 0
             elif want != held:
                 self._forget(job)
-                await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
+                await self.ctx.compute.run_background(self.ctx.stage.rt.drop, job)
                 raise ValueError(f"cache miss: this stage holds {held} tokens of the job, the turn expects {want}")
             self._turn[job] = turn
             self._cached[job] = held
@@ -203,7 +207,7 @@ class Generation:
         while len(self._kept) > MAX_KEPT_CACHES:
             oldest = min(self._kept, key=self._kept.__getitem__)
             self._forget(oldest)
-            self.ctx.compute.submit(self.ctx.stage.rt.drop, oldest)
+            self.ctx.compute.submit_background(self.ctx.stage.rt.drop, oldest)
 
     def _forget(self, job: str) -> None:
         for book in (self._cached, self._turn, self._kept, self._kept_tickets, self._mid_touch):
@@ -262,7 +266,7 @@ class Generation:
                                               state.route[1], ctx.stage.spec.stage_index)
         if self._first.get(job) is not state:  # cancelled (or restarted) while this step computed
             if job not in self._first:
-                ctx.compute.submit(rt.drop, job)
+                ctx.compute.submit_background(rt.drop, job)
             return
         await ctx.peers.send(state.route[1], Act(kind="gen", job=job, route=state.route, hop=1,
                                                  versions=[int(rt.version)], tensor=tensor, step=0, mb=0,
@@ -346,7 +350,7 @@ class Generation:
                 self._keep(job)
             else:
                 self._forget(job)
-                await ctx.compute.run(rt.drop, job)
+                await ctx.compute.run_background(rt.drop, job)
             empty = [params.stop_ids[0]]  # a row that produced nothing reads as an immediate stop
             await ctx.coordinator.send(messages.GenDone(job=job, tokens=[t or empty for t in state.tokens],
                                                         logprobs=[lp or [0.0] for lp in state.logprobs],
@@ -370,7 +374,7 @@ class Generation:
                 self._keep(job, state.ticket)
                 return
             self._forget(job)
-            await ctx.compute.run(rt.drop, job)
+            await ctx.compute.run_background(rt.drop, job)
             if len(state.route) > 2:
                 await ctx.peers.send(state.route[1], Drop(job=job, route=state.route, hop=1, ticket=state.ticket))
             return
@@ -386,7 +390,7 @@ class Generation:
         elif job in self._last:
             return  # a new turn of it is running here
         self._forget(job)
-        await self.ctx.compute.run(self.ctx.stage.rt.drop, job)
+        await self.ctx.compute.run_background(self.ctx.stage.rt.drop, job)
         if hop + 1 < len(route) - (0 if through_last else 1):
             await self.ctx.peers.send(route[hop + 1], Drop(job=job, route=route, hop=hop + 1,
                                                            through_last=through_last, ticket=ticket))
@@ -400,7 +404,7 @@ class Generation:
         for book in (self._cached, self._turn, self._kept, self._kept_tickets, self._mid_touch):
             book.clear()
         for job in jobs:
-            self.ctx.compute.submit(self.ctx.stage.rt.drop, job)
+            self.ctx.compute.submit_background(self.ctx.stage.rt.drop, job)
 
     def expire(self, cutoff: float) -> None:
         """Free the caches of jobs untouched since ``cutoff`` (monotonic seconds)."""
@@ -412,4 +416,4 @@ class Generation:
             self._first.pop(job, None)
             self._last.pop(job, None)
             self._forget(job)
-            self.ctx.compute.submit(self.ctx.stage.rt.drop, job)
+            self.ctx.compute.submit_background(self.ctx.stage.rt.drop, job)

@@ -40,7 +40,7 @@ def test_shares_for_far_future_or_past_steps_are_refused_and_cannot_jam_the_exch
 
 def test_a_last_stage_job_whose_first_stage_vanished_expires():
     dropped = []
-    ctx = SimpleNamespace(compute=SimpleNamespace(submit=lambda fn, job: dropped.append(job)),
+    ctx = SimpleNamespace(compute=SimpleNamespace(submit_background=lambda fn, job: dropped.append(job)),
                           stage=SimpleNamespace(rt=SimpleNamespace(drop=None)))
     gen = Generation(ctx)
     gen._last["j1"] = _LastStageJob(rows=1, tokens=[[]], logprobs=[[]], finished=np.zeros(1, bool), versions=[0])
