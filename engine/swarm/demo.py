@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,8 @@ REAL_MODEL_TIMEOUT_S = 600.0
 #: block to the system (a precaution after a SmolLM2 stage reached 8.4 GB RSS and was OOM-killed;
 #: its effect is not measured).
 DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}
+#: seconds over which the progress line's tokens/s is measured
+TOKEN_RATE_WINDOW_S = 30.0
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -419,7 +422,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
            version_times: VersionTimes) -> dict[str, Any]:
     budget_s = args.minutes * 60.0
     finish_sent = False
-    last_tokens, last_t = 0.0, time.monotonic()
+    token_marks: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])  # (when, tokens credited)
     stats = swarm.stats()
     last_print = 0.0
     while True:
@@ -430,11 +433,15 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
         stats = swarm.stats()
         now = time.monotonic()
         version_times.see(stats["version"], now)
-        tokens = stats["credit_totals"]["tokens_generated"]  # verified by the coordinator
-        rate = (tokens - last_tokens) / max(now - last_t, 1e-6)
-        last_tokens, last_t = tokens, now
         elapsed = now - started
         if not args.quiet and now - last_print >= 5.0:
+            # tokens are credited when a job's result is accepted (a real model's job takes seconds): a rate
+            # over the last half minute, not since the last line
+            token_marks.append((now, stats["credit_totals"]["tokens_generated"]))  # verified by the coordinator
+            while len(token_marks) > 2 and now - token_marks[1][0] >= TOKEN_RATE_WINDOW_S:
+                token_marks.popleft()
+            (t0, n0), (t1, n1) = token_marks[0], token_marks[-1]
+            rate = (n1 - n0) / max(t1 - t0, 1e-6)
             print(_progress_line(stats, elapsed, rate), file=out, flush=True)
             last_print = now
         if not finish_sent and (elapsed >= budget_s or stats["finished"]):
