@@ -9,6 +9,9 @@ each S in ``--stages`` (default 2 and 4) it measures:
   torch -> mlx -> torch -> ... pipeline (target <= 1e-5 in fp32 on the random
   model, <= 1e-4 on a real one: 30 layers and a 49 k vocabulary add rounding);
   a tied model's head is the embedding matrix, held by stage 0 and the last stage;
+* ``max_abs_diff_vs_unsplit`` — the S-stage pipeline against the whole model (S = 1) on the
+  same backend (the mixed chain against whole torch): what cutting the model costs by itself,
+  apart from how a backend's fp32 kernels round differently from transformers';
 * ``max_abs_diff_vs_fp64`` and ``reference_fp32_vs_fp64`` — the same logits
   against the unsplit model run in float64, and the fp32 reference's own
   distance from it: on a deep model the fp32 target sits near rounding noise,
@@ -121,9 +124,12 @@ def measure(checkpoint_dir: Path, stage_counts: list[int], *, batch: int = 4, se
 
     memory_backend = "torch" if "torch" not in unavailable else registry.resolve("auto")
     full = _probe(checkpoint_dir, 0, 1, memory_backend)
-    runs = [_measure_stages(checkpoint, s, tokens, want, truth, min_time_s, unavailable, memory_backend, full)
-            for s in stage_counts]
     whole = plan_stages(config.num_hidden_layers, 1)
+    unsplit = {name: _unsplit_logits(checkpoint, whole[0], name, tokens[:2])
+               for name in registry.names() if name not in unavailable}
+    runs = [_measure_stages(checkpoint, s, tokens, want, truth, min_time_s, unavailable, memory_backend, full,
+                            unsplit)
+            for s in stage_counts]
     ok = all(d is None or d <= target for r in runs for d in r["max_abs_diff"].values())
     return {
         "layers": config.num_hidden_layers,
@@ -143,13 +149,24 @@ def measure(checkpoint_dir: Path, stage_counts: list[int], *, batch: int = 4, se
     }
 
 
+def _unsplit_logits(checkpoint: Checkpoint, spec, backend: str, tokens: np.ndarray) -> np.ndarray:
+    """The whole model (one stage) on ``backend``: the yardstick of what cutting it costs there."""
+    stage = load_stage(checkpoint, spec, backend)
+    try:
+        return pipeline_forward([stage], tokens)
+    finally:
+        stage.close()
+        gc.collect()
+
+
 def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray, want: np.ndarray,
                     truth: np.ndarray, min_time_s: float, unavailable: dict[str, str], memory_backend: str,
-                    full: dict) -> dict:
+                    full: dict, unsplit: dict[str, np.ndarray]) -> dict:
     plan = plan_stages(checkpoint.config.num_hidden_layers, num_stages)
     chains = {name: [name] * num_stages for name in registry.names()}
     chains["mixed"] = [("torch", "mlx")[i % 2] for i in range(num_stages)]  # torch, mlx, torch, mlx, ...
     diffs: dict[str, float | None] = {}
+    diffs_unsplit: dict[str, float | None] = {}
     diffs_fp64: dict[str, float | None] = {}
     speeds: dict[str, float | None] = {}
     devices: dict[str, str] = {}
@@ -157,7 +174,7 @@ def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray,
     for label, chain in chains.items():
         missing = [b for b in set(chain) if b in unavailable]
         if missing or (label == "mixed" and num_stages < 2):
-            diffs[label] = diffs_fp64[label] = None
+            diffs[label] = diffs_fp64[label] = diffs_unsplit[label] = None
             skipped[label] = "needs at least 2 stages" if not missing else f"needs {', '.join(missing)}"
             if label != "mixed":
                 speeds[label] = None
@@ -167,6 +184,7 @@ def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray,
         try:
             got = pipeline_forward(stages, tokens[:2])
             diffs[label] = float(np.abs(got - want).max())
+            diffs_unsplit[label] = float(np.abs(got - unsplit[chain[0]]).max())
             diffs_fp64[label] = float(np.abs(got.astype(np.float64) - truth).max())
             if label != "mixed":
                 speeds[label] = _tokens_per_s(stages, tokens, min_time_s)
@@ -177,7 +195,8 @@ def _measure_stages(checkpoint: Checkpoint, num_stages: int, tokens: np.ndarray,
     memory = measure_load_memory(checkpoint.path, num_stages, memory_backend, full=full)
     for key in ("full_load_peak_mb", "full_fp32_mb", "memory_backend"):  # reported once, at the top
         memory.pop(key)
-    return {"stages": num_stages, "max_abs_diff": diffs, "max_abs_diff_vs_fp64": diffs_fp64,
+    return {"stages": num_stages, "max_abs_diff": diffs, "max_abs_diff_vs_unsplit": diffs_unsplit,
+            "max_abs_diff_vs_fp64": diffs_fp64,
             "forward_tokens_per_s": speeds, "devices": devices,
             "skipped": skipped, **memory}
 
@@ -244,6 +263,8 @@ def format_table(report: dict) -> str:
                f"{num(run['max_abs_diff_vs_fp64'][k], '.2e')})"
                + (f"  [{run['skipped'][k]}]" if k in run["skipped"] else ""))
               for k, v in run["max_abs_diff"].items()),
+            *((f"S={s} max |logits - unsplit, same backend| {k}", num(v, ".2e"))
+              for k, v in run["max_abs_diff_vs_unsplit"].items()),
             (f"S={s} load peak, largest stage",
              f"{run['stage_load_peak_mb']:.1f} MB  (per stage: "
              f"{', '.join(f'{m:.1f}' for m in run['stage_load_peak_mb_per_stage'])})"),

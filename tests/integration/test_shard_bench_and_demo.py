@@ -49,6 +49,8 @@ def test_bench_shard_reports_accuracy_and_one_stage_load_memory_near_one_over_s(
     for backend, diff in run["max_abs_diff"].items():
         assert diff is not None or backend in run["skipped"]
         assert diff is None or diff <= report["max_abs_diff_target"]
+        split = run["max_abs_diff_vs_unsplit"][backend]  # the cut alone, on the same backend
+        assert (split is None) == (diff is None) and (split is None or split <= report["max_abs_diff_target"])
     assert run["forward_tokens_per_s"]["torch"] > 0
     full, stage = report["full_load_peak_mb"], run["stage_load_peak_mb"]
     assert full >= 0.9 * report["full_fp32_mb"]  # the probe sees the whole load
