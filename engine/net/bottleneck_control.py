@@ -55,6 +55,8 @@ from dataclasses import dataclass
 BW_WINDOW_ROUNDS = 10
 #: seconds over which the propagation round trip is the least sample
 MIN_RTT_WINDOW_S = 10.0
+#: seconds a measured path rate (``path_rate``) is remembered unless a larger one replaces it
+PATH_RATE_WINDOW_S = 60.0
 #: segments added to every window target (delayed and bunched acknowledgements)
 EXTRA_SEGMENTS = 4
 #: fewest segments a window may hold
@@ -123,6 +125,7 @@ class BottleneckControl:
         self._full_bw, self._full_bw_rounds = 0.0, 0
         self._cycle = 0
         self._cap = math.inf  #: window ceiling after congestion
+        self._path_rate, self._path_rate_time = 0.0, -math.inf
         self.congested_rounds = 0
         self.trace = None  #: called with this controller at every round's end (diagnostics)
 
@@ -136,6 +139,12 @@ class BottleneckControl:
     def bw_is_ceiling(self) -> bool:
         """Whether ``bw`` came from a sample where the path, not the sender, set the pace."""
         return self._bw_best[1]
+
+    def path_rate(self, now: float) -> float | None:
+        """The largest rate (bytes/s) measured after startup while the path, not the sender, set the pace,
+        in the last ``PATH_RATE_WINDOW_S`` (None: none): what this path carries when pushed. ``bw``
+        itself forgets within ten round trips, and a link that is mostly idle rarely pushes."""
+        return self._path_rate if now - self._path_rate_time <= PATH_RATE_WINDOW_S else None
 
     @property
     def bdp(self) -> float:
@@ -195,6 +204,9 @@ class BottleneckControl:
             if sample.delivered >= self._next_round_delivered and now - self._round_start >= self.min_rtt / 2:
                 self._round_start = now
                 self._end_round(in_flight)
+                if self.mode != STARTUP and self.bw_is_ceiling and \
+                        (self.bw >= self._path_rate or now - self._path_rate_time > PATH_RATE_WINDOW_S):
+                    self._path_rate, self._path_rate_time = self.bw, now
         acked, self._acked = self._acked, 0
         self.window = self._target(acked)
         return self.window

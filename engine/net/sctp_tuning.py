@@ -21,7 +21,7 @@ trip and a bit, not a second.
 
 The controller's rate estimate is also what a link reports as its measured send
 rate (:func:`send_rate`): bytes per second, and whether the path (not an idle
-sender) set it.
+sender) set it; the swarm places nodes on slow uplinks by it.
 
 :func:`tune_sctp` installs it on a connection's SCTP transport by switching the
 transport's class to :class:`TunedSctpTransport`, a subclass that wraps a few
@@ -217,8 +217,12 @@ def tune_sctp(pc, tuning: SctpTuning) -> bool:
 
 
 def send_rate(pc) -> tuple[float, bool] | None:
-    """``pc``'s measured send rate: (bytes per second, whether the path set it), or None (none yet)."""
+    """``pc``'s measured send rate: (bytes per second, True) when the path set it (``path_rate``), else
+    (the most it has sent, False: a lower bound), or None (nothing measured, or stock SCTP)."""
     cc = getattr(getattr(pc, "sctp", None), "_polis_cc", None)
-    if not isinstance(cc, BottleneckControl) or cc.bw <= 0:
+    if not isinstance(cc, BottleneckControl):
         return None
-    return cc.bw, cc.bw_is_ceiling
+    rate = cc.path_rate(time.monotonic())
+    if rate is not None:
+        return rate, True
+    return (cc.bw, False) if cc.bw > 0 else None

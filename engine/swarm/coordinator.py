@@ -35,6 +35,7 @@ import asyncio
 import base64
 import binascii
 import hmac
+import itertools
 import logging
 import secrets
 import time
@@ -55,6 +56,7 @@ from engine.rl.run_task import make_run_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
+from engine.swarm.bandwidth_placement import BandwidthPlacement, seconds_per_version
 from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
@@ -65,6 +67,7 @@ from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
+from engine.swarm.stage_traffic import mean_prompt_tokens, stage_traffic
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store, StoreUnavailable
 from engine.swarm.stream_book import StreamBook
@@ -145,8 +148,16 @@ class Coordinator:
         self.monitor = RolloutMonitor()
         self.steps = StepRunner(self.run, rules, self.task, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
+        # bytes per version of each stage (engine.swarm.stage_traffic) against the nodes' measured uplinks
+        prompts = itertools.islice(self.task.train_prompts(self.run.seed), 32)
+        self.placement = BandwidthPlacement(stage_traffic(self.run, self.model_config, self.assignment.stage_layers,
+                                                          mean_prompt_tokens(len(self.task.prompt_ids(p))
+                                                                             for p in prompts)))
+        self._version_s: float | None = None  #: recent seconds per version (refreshed with each move check)
+        if self.run.replica_sync.mode == "every_step":  # DiLoCo keeps replica r of every stage on route r
+            self.members.route_key = lambda p, s, n: self.placement.route_key(p, s, n, self._version_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
-                                   on_ready=self._members_changed)
+                                   on_ready=self._members_changed, on_uplink=self.placement.uplinks.observe)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._train_task: asyncio.Task | None = None
@@ -199,6 +210,8 @@ class Coordinator:
                     continue  # fail closed: nothing is generated or trained that could not be stored
                 await self.generation.fill()
                 self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions, self.store.evals)
+                if self.placement.move_due():
+                    await self._move_for_bandwidth()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -210,6 +223,34 @@ class Coordinator:
             except Exception:
                 log.exception("scheduling tick failed")
                 await asyncio.sleep(1.0)
+
+    async def _move_for_bandwidth(self) -> None:
+        """Make the bandwidth placement's move, if it proposes one (``engine.swarm.bandwidth_placement``)."""
+        self._version_s = seconds_per_version(self.store.versions())
+        move = self.placement.propose_move(
+            self.members.stage_replicas(), lambda p, s: p in self.assignment.nodes and
+            self.assignment._fits(self.assignment.nodes[p], s), self._version_s)
+        if move is None:
+            return
+        log.info("node %s uploads too slowly for stage %d: moving it to stage %d%s", move.peer, move.source,
+                 move.target, f" (and {move.partner} the other way)" if move.partner else "")
+        self.placement.moved(move)
+        await self._move([(move.peer, move.target)] + ([(move.partner, move.source)] if move.partner else []))
+        await self._broadcast_members()
+
+    async def _move(self, moves: list[tuple[str, int]]) -> None:
+        """Send each ``(peer, stage)`` there: its work on the old stage is void, it loads the new one."""
+        for peer_id, stage in moves:
+            session, slot = self.sessions.get(peer_id), self.assignment.nodes.get(peer_id)
+            if session is not None and slot is not None:
+                slot.stage = session.stage = stage
+                session.ready = False
+                self.generation.on_node_lost(peer_id)
+                self.steps.on_node_lost(peer_id)
+        for peer_id, stage in moves:  # welcomes once every mover is out: none fetches from another mover
+            session = self.sessions.get(peer_id)
+            if session is not None:
+                await self.members.send(peer_id, self._welcome(session, stage, None))
 
     def _members_changed(self) -> None:
         asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
@@ -329,8 +370,12 @@ class Coordinator:
             slot.stage = preferred
             stage = preferred
         else:
-            # where it adds most throughput once every stage is served and measured
-            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s())
+            # where it adds most throughput once every stage is served and measured, unless its uplink
+            # would set the pace there (engine.swarm.bandwidth_placement)
+            self.placement.uplinks.claim(peer_id, hello.uplink_mbps)
+            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s(),
+                                    prefer=lambda choice, candidates, trainers: self.placement.join_stage(
+                                        peer_id, choice, candidates, trainers, self._version_s))
         if stage is None:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
@@ -391,13 +436,10 @@ class Coordinator:
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.generation.on_node_lost(session.peer_id)
         self.steps.on_node_lost(session.peer_id)
-        for peer_id, old_stage, new_stage in rebalance(self.assignment):
-            moved = self.sessions.get(peer_id)
-            if moved is None:
-                continue
+        moves = rebalance(self.assignment)
+        for peer_id, old_stage, new_stage in moves:
             log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
-            moved.stage, moved.ready = new_stage, False
-            await self.members.send(peer_id, self._welcome(moved, new_stage, None))
+        await self._move([(peer_id, new_stage) for peer_id, _, new_stage in moves])
         await self._broadcast_members()
 
     def stage_lost(self, stage: int) -> str | None:
@@ -480,6 +522,8 @@ class Coordinator:
             # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
             "route_weights": {"generation": generation.weights.snapshot()["generation"],
                               "training": steps.microbatches.weights.snapshot()["training"]},
+            # bytes per version of each stage, each node's uplink and upload time, moves made
+            "bandwidth": self.placement.snapshot(replicas, self._version_s),
             "samples": list(generation.samples), "monitor": self.monitor.figures,
             "env": self.run.env.name,
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},

@@ -161,7 +161,8 @@ class Node:
                                  report_every_s=config.report_every_s,
                                  emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
                                  link_count=self.links.link_count if self.links else lambda: 0,
-                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict)
+                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict,
+                                 send_rates=self.links.send_rates if self.links else dict)
         ctx.on_status = self.status.emit_status
         if coordinator is None:
             self.session = ctx.coordinator = CoordinatorSession(
@@ -271,7 +272,8 @@ class Node:
                 "max_layers": self.config.max_layers,
                 "stage": spec.stage_index if spec else None, "num_stages": spec.num_stages if spec else None,
                 "version": rt.version, "run_id": stage.run_id,
-                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role}
+                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role,
+                "uplink_mbps": self.limits.get("upload_mbps")}
 
     async def _welcomed(self, welcome: messages.Welcome) -> None:
         """Load what the welcome assigns, then tell the coordinator we are ready."""

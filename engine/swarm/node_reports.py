@@ -3,7 +3,8 @@
 :class:`NodeReports` dispatches a decoded node message (a typed struct of
 ``engine.swarm.messages``) by its struct type through one table to the
 part that owns it — generation results to the generation scheduler, micro-batch and step
-reports to the step runner, weight-stream reports to the stream book, counters to the ledger —
+reports to the step runner, weight-stream reports to the stream book, counters to the ledger,
+measured uplinks to the bandwidth placement —
 after checking that the sender's role may send it (only trainers step and stream, only
 inference replicas report ``served``). A message a node may not send raises
 ``ProtocolViolation``; the coordinator counts it as a strike against the node.
@@ -29,9 +30,12 @@ class NodeReports:
     """The handlers of node -> coordinator messages (``messages.NodeToCoordinator``)."""
 
     def __init__(self, members: Membership, generation: GenerationScheduler, steps: StepRunner,
-                 streams: StreamBook, store: Store, *, on_ready: Callable[[], None]) -> None:
+                 streams: StreamBook, store: Store, *, on_ready: Callable[[], None],
+                 on_uplink: Callable[[str, float, float], None] = lambda peer, mbps, floor_mbps: None) -> None:
         self.members, self.generation, self.steps = members, generation, steps
         self.streams, self.store, self.on_ready = streams, store, on_ready
+        #: a node's measured uplink (Mbit/s) and its lower bound, for the bandwidth placement
+        self.on_uplink = on_uplink
         self._handlers: dict[type, Callable[[NodeSession, Any], None]] = {
             messages.Hello: self._second_hello, messages.Ready: self._ready, messages.GenDone: self._gen_done,
             messages.JobFailed: self._job_failed, messages.MbLoss: self._mb_loss, messages.MbDone: self._mb_done,
@@ -108,7 +112,9 @@ class NodeReports:
                 name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
-        pacing = ("gen_compute_s", "gen_steps", "link_rtt_ms")  # measurements, not ledger counters
-        counters = {name: getattr(message, name) for name in message.__struct_fields__ if name not in pacing}
+        measured = ("gen_compute_s", "gen_steps", "link_rtt_ms", "link_send_mbps", "uplink_mbps",
+                    "uplink_floor_mbps")  # measurements, not ledger counters
+        counters = {name: getattr(message, name) for name in message.__struct_fields__ if name not in measured}
         self.store.add_to_ledger(session.peer_id, **counters)
         self.generation.pacer.observe(session.peer_id, message.gen_compute_s, message.gen_steps, message.link_rtt_ms)
+        self.on_uplink(session.peer_id, message.uplink_mbps, message.uplink_floor_mbps)

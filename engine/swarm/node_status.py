@@ -44,7 +44,8 @@ class NodeStatus:
     def __init__(self, ctx: NodeContext, *, coordinator_url: str, report_every_s: float,
                  emit: Callable[..., None], bytes_moved: Callable[[], tuple[float, float]],
                  link_count: Callable[[], int], expire: Callable[[float], None],
-                 limits: dict[str, Any], link_rtt_ms: Callable[[], dict[str, float]] = dict) -> None:
+                 limits: dict[str, Any], link_rtt_ms: Callable[[], dict[str, float]] = dict,
+                 send_rates: Callable[[], dict[str, Any]] = dict) -> None:
         self.ctx = ctx
         self.coordinator_url = coordinator_url
         self.report_every_s = report_every_s
@@ -52,6 +53,7 @@ class NodeStatus:
         self.bytes_moved = bytes_moved
         self.link_count = link_count
         self.link_rtt_ms = link_rtt_ms
+        self.send_rates = send_rates
         self.expire = expire
         self.limits = limits
         self.state = "idle"
@@ -88,7 +90,9 @@ class NodeStatus:
             delta = {k: max(0.0, now[k] - self._reported[k]) for k in self._reported}
             self._reported = now
             rtt = dict(sorted(self.link_rtt_ms().items())[:MAX_PEERS])
-            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}, link_rtt_ms=rtt))
+            rates = self.send_rates()
+            rates["link_send_mbps"] = dict(sorted(rates.get("link_send_mbps", {}).items())[:MAX_PEERS])
+            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}, link_rtt_ms=rtt, **rates))
             self.emit("stats", tokens_generated=int(now["tokens_generated"]),
                       microbatches_trained=int(now["microbatches_trained"]), bytes_sent=int(sent),
                       bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),

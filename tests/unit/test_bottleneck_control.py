@@ -110,3 +110,13 @@ def test_the_round_trip_estimate_forgets_old_minima_after_its_window():
     control.on_rtt(0.08, 11.0)
     assert control.min_rtt == 0.08
     assert control.mode == STARTUP and math.isinf(BottleneckControl(MSS).min_rtt)
+
+
+def test_a_pushed_path_leaves_a_path_rate_that_outlives_the_rate_window_and_an_idle_one_none():
+    control, result = _run(0.1, seconds=6.0)
+    end = 6.0
+    assert control.path_rate(end) == pytest.approx(RATE, rel=0.05)
+    assert control.path_rate(end + 30) == pytest.approx(RATE, rel=0.05)
+    assert control.path_rate(end + 120) is None
+    idle, _ = _run(0.1, app_limit_bytes=20 * MSS, seconds=6.0)
+    assert idle.path_rate(end) is None

@@ -130,12 +130,16 @@ def test_a_links_send_rate_is_the_controllers_estimate_once_it_has_one():
         link = PeerLink.create("peer", config)
         try:
             before = send_rate(link.pc)
-            if getattr(link.pc.sctp, "_polis_cc", None) is not None:
-                link.pc.sctp._polis_cc._bw_best = (1.5e6, True)
-            return before, send_rate(link.pc)
+            cc = getattr(link.pc.sctp, "_polis_cc", None)
+            if cc is None:
+                return before, send_rate(link.pc)
+            cc._bw_best = (1.5e6, False)
+            lower_bound = send_rate(link.pc)
+            cc._path_rate, cc._path_rate_time = 2.0e6, time.monotonic()
+            return before, lower_bound, send_rate(link.pc)
         finally:
             await link.close()
-    assert asyncio.run(scenario(LinkConfig())) == (None, (1.5e6, True))
+    assert asyncio.run(scenario(LinkConfig())) == (None, (1.5e6, False), (2.0e6, True))
     assert asyncio.run(scenario(LinkConfig(sctp=STOCK_SCTP))) == (None, None)
 
 
