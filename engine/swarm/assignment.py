@@ -92,6 +92,11 @@ class Assignment:
     def _fits(self, slot: NodeSlot, stage: int) -> bool:
         return slot.max_layers is None or slot.max_layers >= self.stage_layers[stage]
 
+    def fits(self, peer_id: str, stage: int) -> bool:
+        """Whether node ``peer_id`` (known here) can hold ``stage``."""
+        slot = self.nodes.get(peer_id)
+        return slot is not None and self._fits(slot, stage)
+
 
 def assign_new_node(assignment: Assignment, slot: NodeSlot,
                     speeds: Mapping[str, float] | None = None, prefer: Preference | None = None) -> int | None:

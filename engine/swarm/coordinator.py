@@ -227,9 +227,7 @@ class Coordinator:
     async def _move_for_bandwidth(self) -> None:
         """Make the bandwidth placement's move, if it proposes one (``engine.swarm.bandwidth_placement``)."""
         self._version_s = seconds_per_version(self.store.versions())
-        move = self.placement.propose_move(
-            self.members.stage_replicas(), lambda p, s: p in self.assignment.nodes and
-            self.assignment._fits(self.assignment.nodes[p], s), self._version_s)
+        move = self.placement.propose_move(self.members.stage_replicas(), self.assignment.fits, self._version_s)
         if move is None:
             return
         log.info("node %s uploads too slowly for stage %d: moving it to stage %d%s", move.peer, move.source,
@@ -245,6 +243,7 @@ class Coordinator:
             if session is not None and slot is not None:
                 slot.stage = session.stage = stage
                 session.ready = False
+                self.members.authority.arrived(peer_id)  # a version or two behind its new stage at first
                 self.generation.on_node_lost(peer_id)
                 self.steps.on_node_lost(peer_id)
         for peer_id, stage in moves:  # welcomes once every mover is out: none fetches from another mover
