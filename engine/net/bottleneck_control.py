@@ -57,6 +57,8 @@ BW_WINDOW_ROUNDS = 10
 MIN_RTT_WINDOW_S = 10.0
 #: seconds a measured path rate (``path_rate``) is remembered unless a larger one replaces it
 PATH_RATE_WINDOW_S = 60.0
+#: rounds in a row the sender must have kept data waiting before ``bw`` counts as the path's rate
+PATH_RATE_BUSY_ROUNDS = 3
 #: segments added to every window target (delayed and bunched acknowledgements)
 EXTRA_SEGMENTS = 4
 #: fewest segments a window may hold
@@ -126,6 +128,8 @@ class BottleneckControl:
         self._cycle = 0
         self._cap = math.inf  #: window ceiling after congestion
         self._path_rate, self._path_rate_time = 0.0, -math.inf
+        self._round_app_limited = False  #: the sender ran out of data during the current round
+        self._busy_rounds = 0  #: rounds in a row it did not
         self.congested_rounds = 0
         self.trace = None  #: called with this controller at every round's end (diagnostics)
 
@@ -141,9 +145,10 @@ class BottleneckControl:
         return self._bw_best[1]
 
     def path_rate(self, now: float) -> float | None:
-        """The largest rate (bytes/s) measured after startup while the path, not the sender, set the pace,
-        in the last ``PATH_RATE_WINDOW_S`` (None: none): what this path carries when pushed. ``bw``
-        itself forgets within ten round trips, and a link that is mostly idle rarely pushes."""
+        """The largest rate (bytes/s) measured while cruising with data waiting for ``PATH_RATE_BUSY_ROUNDS``
+        rounds in a row (the estimate climbs a quarter a round while the window, not the sender,
+        limits it), in the last ``PATH_RATE_WINDOW_S`` (None: none): what this path carries when
+        pushed. ``bw`` itself forgets within ten round trips, and a mostly idle link rarely pushes."""
         return self._path_rate if now - self._path_rate_time <= PATH_RATE_WINDOW_S else None
 
     @property
@@ -162,6 +167,7 @@ class BottleneckControl:
     def on_app_limited(self, in_flight: int) -> None:
         """The sender ran out of data with room left in the window: the next samples say little."""
         self._app_limited_until = max(self.delivered + in_flight, 1)
+        self._round_app_limited = True
 
     def on_delivered(self, stamp: SendStamp | None, nbytes: int, now: float) -> None:
         """A packet of ``nbytes`` was acknowledged (``stamp``: from its send; None if unknown)."""
@@ -204,7 +210,9 @@ class BottleneckControl:
             if sample.delivered >= self._next_round_delivered and now - self._round_start >= self.min_rtt / 2:
                 self._round_start = now
                 self._end_round(in_flight)
-                if self.mode != STARTUP and self.bw_is_ceiling and \
+                self._busy_rounds = 0 if self._round_app_limited else self._busy_rounds + 1
+                self._round_app_limited = False
+                if self.mode == CRUISE and self.bw_is_ceiling and self._busy_rounds >= PATH_RATE_BUSY_ROUNDS and \
                         (self.bw >= self._path_rate or now - self._path_rate_time > PATH_RATE_WINDOW_S):
                     self._path_rate, self._path_rate_time = self.bw, now
         acked, self._acked = self._acked, 0

@@ -16,10 +16,12 @@ compute, sets the pace of its stage. The policy (pure functions over those figur
   sends gradients and tokens, not activations; a stage with more trainers splits its boundary
   traffic over more of them: an extra replica rather than the only holder of a heavy stage);
 * :meth:`BandwidthPlacement.propose_move` (checked while the run goes): a ready trainer whose
-  measured uplink binds moves to another stage -- swapping with a trainer there, or alone if
-  its stage keeps a trainer -- when that cuts the larger upload time of the nodes involved to
-  ``MOVE_GAIN`` of what it was (unknown uplinks count at their lower bound: a move is never made
-  on a guess), at most once per ``MOVE_INTERVAL_S`` and per node once per ``NODE_MOVE_COOLDOWN_S``;
+  measured uplink binds (the slowest first) moves to another stage -- swapping with a trainer
+  there whose uplink is at least ``PARTNER_FASTER`` times its own, or alone if its stage keeps a
+  trainer -- when that cuts the larger upload time of the nodes involved to ``MOVE_GAIN`` of what
+  it was (a partner's uplink counts at its lower bound), at most once per ``MOVE_INTERVAL_S`` and
+  per node once per ``NODE_MOVE_COOLDOWN_S``; a node the coordinator measured keeps its uplink in
+  the book when it leaves, so a rejoin is placed by it;
 * routes (``Membership``) pair nodes whose uplinks bind with each other, so one slow route takes
   fewer jobs (``route_weights``) instead of every route running at a slow node's pace
   (:meth:`BandwidthPlacement.route_key`).
@@ -41,6 +43,8 @@ NETWORK_SHARE = 0.25
 DEFAULT_VERSION_S = 1.0
 #: a move must cut the larger upload time of the nodes it moves to this share
 MOVE_GAIN = 0.7
+#: a swap partner's uplink must be at least this many times the mover's (at its lower bound)
+PARTNER_FASTER = 2.0
 #: least seconds between two moves of the swarm, and before the first (every node measured)
 MOVE_INTERVAL_S = 30.0
 #: least seconds before the same node moves again
@@ -181,7 +185,8 @@ class BandwidthPlacement:
             now - self._last_check >= CHECK_INTERVAL_S
 
     def propose_move(self, stages: list[list[str]], fits, version_s: float | None) -> Move | None:
-        """The move that most cuts a binding uplink's upload time (see the module), or None.
+        """A move for the trainer whose measured uplink binds most, that cuts its upload time most
+        (see the module), or None.
 
         ``stages``: the ready trainers of each stage; ``fits(peer, stage)``: whether it can hold it."""
         now = self._clock()
@@ -192,30 +197,41 @@ class BandwidthPlacement:
         counts = [len(ids) for ids in stages]
         free = [[p for p in ids if now - self._moved_at.get(p, -float("inf")) >= NODE_MOVE_COOLDOWN_S]
                 for ids in stages]
-        best: tuple[float, Move] | None = None
+        binding = []
         for source, ids in enumerate(free):
             for peer in ids:
-                u = self.uplinks.get(peer)
                 before = self.upload_s(peer, source, counts[source])
-                if not u.measured or before is None or before <= budget:
+                if self.uplinks.get(peer).measured and before is not None and before > budget:
+                    binding.append((before, peer, source))
+        for before, peer, source in sorted(binding, reverse=True):  # the slowest first
+            move = self._best_move(peer, source, before, stages, free, counts, fits)
+            if move is not None:
+                return move
+        return None
+
+    def _best_move(self, peer: str, source: int, before: float, stages: list[list[str]], free: list[list[str]],
+                   counts: list[int], fits) -> Move | None:
+        rate = self.uplinks.get(peer).rate_bytes_s or 0.0
+        best: tuple[float, Move] | None = None
+        for target in range(len(stages)):
+            if target == source or not fits(peer, target):
+                continue
+            if counts[source] > 1:  # alone: it joins the target as one more replica (fetching from one)
+                after = self.upload_s(peer, target, counts[target] + 1) or 0.0
+                if after < MOVE_GAIN * before and (best is None or after < best[0]):
+                    best = (after, Move(peer, source, target))
+            if counts[source] < 2 or counts[target] < 2:
+                continue  # a swap's movers fetch their new stage's weights from a trainer that stays
+            for partner in free[target]:
+                known = self.uplinks.get(partner)
+                if not fits(partner, source) or max(known.rate_bytes_s or 0.0, known.floor_bytes_s) < \
+                        PARTNER_FASTER * rate:
                     continue
-                for target in range(len(stages)):
-                    if target == source or not fits(peer, target):
-                        continue
-                    if counts[source] > 1:  # alone: it joins the target as one more replica (fetching from one)
-                        after = self.upload_s(peer, target, counts[target] + 1) or 0.0
-                        if after < MOVE_GAIN * before and (best is None or after < best[0]):
-                            best = (after, Move(peer, source, target))
-                    if counts[source] < 2 or counts[target] < 2:
-                        continue  # a swap's movers fetch their new stage's weights from a trainer that stays
-                    for partner in free[target]:
-                        if not fits(partner, source):
-                            continue
-                        other_before = self.upload_s(partner, target, counts[target], pessimistic=True) or 0.0
-                        other_after = self.upload_s(partner, source, counts[source], pessimistic=True) or 0.0
-                        after = max(self.upload_s(peer, target, counts[target]) or 0.0, other_after)
-                        if after < MOVE_GAIN * max(before, other_before) and (best is None or after < best[0]):
-                            best = (after, Move(peer, source, target, partner))
+                other_before = self.upload_s(partner, target, counts[target], pessimistic=True) or 0.0
+                other_after = self.upload_s(partner, source, counts[source], pessimistic=True) or 0.0
+                after = max(self.upload_s(peer, target, counts[target]) or 0.0, other_after)
+                if after < MOVE_GAIN * max(before, other_before) and (best is None or after < best[0]):
+                    best = (after, Move(peer, source, target, partner))
         return None if best is None else best[1]
 
     def moved(self, move: Move) -> None:
@@ -228,9 +244,6 @@ class BandwidthPlacement:
                 self._moved_at[peer] = now
         while len(self._moved_at) > MAX_PEERS:
             del self._moved_at[next(iter(self._moved_at))]
-
-    def forget(self, peer: str) -> None:
-        self.uplinks.forget(peer)
 
     def snapshot(self, stages: list[list[str]], version_s: float | None) -> dict[str, Any]:
         """For the stats API: the bytes model, each node's uplink and upload time, the moves made."""

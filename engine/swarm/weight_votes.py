@@ -14,8 +14,9 @@ coordinator's :class:`WeightAuthority` then, per stage:
 * evicts a replica that stays outside the majority for ``evict_after`` votes in a row (it ignored
   its resyncs) -- not counting the first ``ARRIVAL_GRACE_VOTES`` of a trainer the coordinator just
   moved to the stage (:meth:`WeightAuthority.arrived`): it loaded weights a version or two old
-  while the stage kept stepping, and each resync may land after the next step began; a replica a follower says served weights other than the majority digest loses the
-  lead at once and is evicted when two followers say so (:meth:`WeightAuthority.refused`);
+  while the stage kept stepping, and each resync may land after the next step began; a replica
+  a follower says served weights other than the majority digest loses the lead at once and is
+  evicted when two followers say so (:meth:`WeightAuthority.refused`);
 * names each stage's leader (it checkpoints the stage and streams weights to inference replicas):
   the best-ranked ready trainer of the last majority that no follower refused (the coordinator
   ranks by how many identities share its address, then admission order). Never "the smallest peer id", which anyone can

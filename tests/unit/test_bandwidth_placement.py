@@ -155,3 +155,17 @@ def test_seconds_per_version_from_the_recent_versions():
     versions = [{"version": v, "created_at": 100.0 + 0.5 * v} for v in range(30)]
     assert seconds_per_version(versions) == pytest.approx(0.5)
     assert seconds_per_version(versions[:1]) is None
+
+
+def test_the_slowest_binding_node_moves_first_and_only_with_a_partner_twice_as_fast():
+    clock = Clock()
+    placement = _placement(clock)
+    placement.uplinks.observe("home", HOME_MBPS, HOME_MBPS)
+    placement.uplinks.observe("m0", METRO_MBPS, METRO_MBPS)
+    placement.uplinks.observe("near", 1.5 * HOME_MBPS, 1.5 * HOME_MBPS)  # not fast enough to trade places
+    placement.uplinks.observe("m2", METRO_MBPS, METRO_MBPS)
+    stages = [["home", "m0"], ["near", "m2"]]
+    assert _due(placement, clock).propose_move(stages, _fits, VERSION_S) == Move("home", 0, 1, partner="m2")
+    placement.uplinks.observe("stuck", 2.0, 2.0)
+    assert _due(placement, clock).propose_move([["home", "stuck"], ["near", "m2"]], _fits,
+                                               VERSION_S).peer == "stuck"
