@@ -1,15 +1,17 @@
 """Where nodes on slow uplinks serve: measured uplinks against each stage's bytes per version.
 
 Every node reports its measured uplink (``uplink_mbps``: the fastest one of its links sent while
-the path, not the node, set the pace, from the link's congestion controller; ``uplink_floor_mbps``:
-the fastest any link sent, a lower bound) and may claim one in its hello (its user's upload cap).
+kept busy and the path, not the node, set the pace: the link congestion controller's
+``path_rate``; ``uplink_floor_mbps``: the fastest any link sent, a lower bound) and may claim one in
+its hello (its user's upload cap).
 :class:`UplinkBook` keeps them; a measurement replaces a claim.
 
 A trainer of stage s, one of k, uploads ``StageTraffic.upload_bytes(s, k)`` per version
 (``engine.swarm.stage_traffic``), so its uploads take ``upload_s = bytes / uplink`` seconds of
 each version. Its uplink *binds* when that exceeds ``NETWORK_SHARE`` of the swarm's measured
-seconds per version (``DEFAULT_VERSION_S`` before any): then the node, not the pipeline's
-compute, sets the pace of its stage. The policy (pure functions over those figures):
+seconds per version (``DEFAULT_VERSION_S`` before any): boundary traffic is on the pipeline's
+critical path (the next stage waits for the activations), so such a node holds its stage back.
+The policy (pure functions over those figures):
 
 * a joining trainer whose uplink is known and would bind where the compute rules put it goes
   where its upload time is least among the stages that keep every stage served (the last stage
