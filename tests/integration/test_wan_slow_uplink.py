@@ -17,6 +17,7 @@ keeps at least half its versions per minute (``SHARE``), less the noise of short
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import pytest
@@ -36,10 +37,13 @@ WARM_VERSIONS = 2
 RUN = ["task.eval_size=16", "eval_every_versions=0", "max_versions=0"]
 
 
-def _run(tmp_path, mix: str, *, wait_for_move: bool) -> tuple[float, dict, str]:
-    """Versions per minute over ``WINDOW_S`` after the warm-up (and node 0's move), and the last stats."""
+def _run(tmp_path, mix: str, *, wait_for_move: bool, placement: bool = True) -> tuple[float, dict, str]:
+    """Versions per minute over ``WINDOW_S`` after the warm-up (and node 0's move), and the last stats;
+    ``placement=False``: the coordinator places by compute alone (``tests.support.no_bandwidth_placement``)."""
+    from tests.support.no_bandwidth_placement import coordinator_argv
+
     tmp_path.mkdir()
-    swarm = Swarm(tmp_path, settings=RUN)
+    swarm = Swarm(tmp_path, settings=RUN, coordinator_command=None if placement else coordinator_argv)
     try:
         swarm.start_coordinator()
         relay = swarm.start_wan(mix, 4)
@@ -75,3 +79,14 @@ def test_a_node_on_a_home_uplink_moves_to_the_last_stage_and_costs_no_more_than_
     home = bandwidth["nodes"][home_id[:8]]
     assert home["stage"] == 1 and home["measured"] and 3 < home["uplink_mbps"] < 12  # its 10 Mbit/s line, roughly
     assert clean > 0 and ratio >= SHARE - NOISE, (clean, mixed, bandwidth)
+
+
+@pytest.mark.skipif(os.environ.get("POLIS_SLOW_UPLINK_BASELINE") != "1",
+                    reason="a 3-minute measurement, run on request: POLIS_SLOW_UPLINK_BASELINE=1")
+def test_with_a_home_node_bandwidth_placement_against_compute_placement_alone(tmp_path):
+    """The same mixed swarm twice: node 0 moved to the last stage, then left on stage 0."""
+    placed, _, _ = _run(tmp_path / "placed", "home:0,metro", wait_for_move=True)
+    unplaced, stats, home = _run(tmp_path / "unplaced", "home:0,metro", wait_for_move=False, placement=False)
+    log.info("node 0 on home: versions/min with bandwidth placement %.1f, without %.1f (%.2fx)", placed, unplaced,
+             placed / max(unplaced, 1e-9))
+    assert next(n["stage"] for n in stats["nodes"] if n["peer_id"] == home) == 0  # the baseline left it there
