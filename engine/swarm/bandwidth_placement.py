@@ -17,13 +17,11 @@ The policy (pure functions over those figures):
   where its upload time is least among the stages that keep every stage served (the last stage
   sends gradients and tokens, not activations; a stage with more trainers splits its boundary
   traffic over more of them: an extra replica rather than the only holder of a heavy stage);
-* :meth:`BandwidthPlacement.propose_move` (checked while the run goes): a ready trainer whose
-  measured uplink binds (the slowest first) moves to another stage -- swapping with a trainer
-  there whose uplink is at least ``PARTNER_FASTER`` times its own, or alone if its stage keeps a
-  trainer -- when that cuts the larger upload time of the nodes involved to ``MOVE_GAIN`` of what
-  it was (a partner's uplink counts at its lower bound), at most once per ``MOVE_INTERVAL_S`` and
-  per node once per ``NODE_MOVE_COOLDOWN_S``; a node the coordinator measured keeps its uplink in
-  the book when it leaves, so a rejoin is placed by it;
+* nodes already serving are not moved: a trainer that joins a stage while it steps faster than a
+  weight transfer does not catch up (resynced on every vote, measured on ``home``: a dozen
+  resyncs in 11 s); the coordinator keeps measured uplinks when nodes leave, and a node
+  remembers its own (``engine.swarm.node_status``) and claims it in its next hello, so the
+  next join is placed by the measurement -- a rejoin's wish for its old stage included;
 * routes (``Membership``) pair nodes whose uplinks bind with each other, so one slow route takes
   fewer jobs (``route_weights``) instead of every route running at a slow node's pace
   (:meth:`BandwidthPlacement.route_key`).
@@ -33,7 +31,6 @@ What it does not know: sockets, messages, the compute rules of ``engine.swarm.as
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -43,16 +40,6 @@ from engine.swarm.stage_traffic import StageTraffic
 NETWORK_SHARE = 0.25
 #: seconds per version assumed before the run has measured any
 DEFAULT_VERSION_S = 1.0
-#: a move must cut the larger upload time of the nodes it moves to this share
-MOVE_GAIN = 0.7
-#: a swap partner's uplink must be at least this many times the mover's (at its lower bound)
-PARTNER_FASTER = 2.0
-#: least seconds between two moves of the swarm, and before the first (every node measured)
-MOVE_INTERVAL_S = 30.0
-#: least seconds before the same node moves again
-NODE_MOVE_COOLDOWN_S = 600.0
-#: least seconds between two looks for a move
-CHECK_INTERVAL_S = 5.0
 #: most nodes remembered
 MAX_PEERS = 4096
 
@@ -107,16 +94,6 @@ class UplinkBook:
         return out
 
 
-@dataclass(frozen=True)
-class Move:
-    """Move ``peer`` from ``source`` to ``target``; with ``partner``, that one the other way (a swap)."""
-
-    peer: str
-    source: int
-    target: int
-    partner: str | None = None
-
-
 def seconds_per_version(versions: list[dict[str, Any]], last: int = 10) -> float | None:
     """The run's recent seconds per version, from the store's versions (``created_at``); None with fewer than 2."""
     recent = versions[-last:]
@@ -129,14 +106,10 @@ def seconds_per_version(versions: list[dict[str, Any]], last: int = 10) -> float
 class BandwidthPlacement:
     """The bandwidth side of stage placement (see the module docstring)."""
 
-    def __init__(self, traffic: StageTraffic, *, clock=time.monotonic) -> None:
+    def __init__(self, traffic: StageTraffic) -> None:
         self.traffic = traffic
         self.uplinks = UplinkBook()
-        self._clock = clock
-        self._started = clock()
-        self._last_move = self._last_check = -float("inf")
-        self._moved_at: dict[str, float] = {}
-        self.moves = 0
+        self.placed = 0  #: joins sent elsewhere than the compute rules (or a rejoin's wish) said, for their uplink
 
     # ------------------------------------------------------------------ figures
     def upload_s(self, peer: str, stage: int, trainers: int, *, pessimistic: bool = False) -> float | None:
@@ -178,77 +151,8 @@ class BandwidthPlacement:
         allowed = [s for s in candidates if trainers[s] == least] if least == 0 else candidates
         return min(allowed, key=lambda s: (self.upload_s(peer, s, trainers[s] + 1) or 0.0, s != choice, s))
 
-    # ------------------------------------------------------------------ moves
-    def move_due(self) -> bool:
-        """Whether it is time to look for a move (``MOVE_INTERVAL_S`` after the start and the last move,
-        ``CHECK_INTERVAL_S`` after the last look)."""
-        now = self._clock()
-        return now - max(self._last_move, self._started) >= MOVE_INTERVAL_S and \
-            now - self._last_check >= CHECK_INTERVAL_S
-
-    def propose_move(self, stages: list[list[str]], fits, version_s: float | None) -> Move | None:
-        """A move for the trainer whose measured uplink binds most, that cuts its upload time most
-        (see the module), or None.
-
-        ``stages``: the ready trainers of each stage; ``fits(peer, stage)``: whether it can hold it."""
-        now = self._clock()
-        if not self.move_due():
-            return None
-        self._last_check = now
-        budget = self.budget_s(version_s)
-        counts = [len(ids) for ids in stages]
-        free = [[p for p in ids if now - self._moved_at.get(p, -float("inf")) >= NODE_MOVE_COOLDOWN_S]
-                for ids in stages]
-        binding = []
-        for source, ids in enumerate(free):
-            for peer in ids:
-                before = self.upload_s(peer, source, counts[source])
-                if self.uplinks.get(peer).measured and before is not None and before > budget:
-                    binding.append((before, peer, source))
-        for before, peer, source in sorted(binding, reverse=True):  # the slowest first
-            move = self._best_move(peer, source, before, stages, free, counts, fits)
-            if move is not None:
-                return move
-        return None
-
-    def _best_move(self, peer: str, source: int, before: float, stages: list[list[str]], free: list[list[str]],
-                   counts: list[int], fits) -> Move | None:
-        rate = self.uplinks.get(peer).rate_bytes_s or 0.0
-        best: tuple[float, Move] | None = None
-        for target in range(len(stages)):
-            if target == source or not fits(peer, target):
-                continue
-            if counts[source] > 1:  # alone: it joins the target as one more replica (fetching from one)
-                after = self.upload_s(peer, target, counts[target] + 1) or 0.0
-                if after < MOVE_GAIN * before and (best is None or after < best[0]):
-                    best = (after, Move(peer, source, target))
-            if counts[source] < 2 or counts[target] < 2:
-                continue  # a swap's movers fetch their new stage's weights from a trainer that stays
-            for partner in free[target]:
-                known = self.uplinks.get(partner)
-                if not fits(partner, source) or max(known.rate_bytes_s or 0.0, known.floor_bytes_s) < \
-                        PARTNER_FASTER * rate:
-                    continue
-                other_before = self.upload_s(partner, target, counts[target], pessimistic=True) or 0.0
-                other_after = self.upload_s(partner, source, counts[source], pessimistic=True) or 0.0
-                after = max(self.upload_s(peer, target, counts[target]) or 0.0, other_after)
-                if after < MOVE_GAIN * max(before, other_before) and (best is None or after < best[0]):
-                    best = (after, Move(peer, source, target, partner))
-        return None if best is None else best[1]
-
-    def moved(self, move: Move) -> None:
-        """``move`` was made: start the cooldowns."""
-        now = self._clock()
-        self._last_move = now
-        self.moves += 1
-        for peer in (move.peer, move.partner):
-            if peer is not None:
-                self._moved_at[peer] = now
-        while len(self._moved_at) > MAX_PEERS:
-            del self._moved_at[next(iter(self._moved_at))]
-
     def snapshot(self, stages: list[list[str]], version_s: float | None) -> dict[str, Any]:
-        """For the stats API: the bytes model, each node's uplink and upload time, the moves made."""
+        """For the stats API: the bytes model, each node's uplink and upload time, joins placed by uplink."""
         counts = [len(ids) for ids in stages]
         nodes = self.uplinks.snapshot(p for ids in stages for p in ids)
         for stage, ids in enumerate(stages):
@@ -257,4 +161,4 @@ class BandwidthPlacement:
                 nodes[peer[:8]].update(stage=stage, upload_s=None if seconds is None else round(seconds, 3),
                                        binds=self.binds(peer, stage, counts[stage], version_s))
         return {"bytes_per_version": self.traffic.snapshot(), "budget_s": round(self.budget_s(version_s), 3),
-                "nodes": nodes, "moves": self.moves}
+                "nodes": nodes, "placed_by_uplink": self.placed}

@@ -75,6 +75,9 @@ from engine.swarm.tickets import TicketIssuer
 
 log = logging.getLogger(__name__)
 
+#: how often the tick refreshes the run's recent seconds per version (the bandwidth placement's budget)
+VERSION_S_EVERY_S = 5.0
+
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
@@ -153,7 +156,8 @@ class Coordinator:
         self.placement = BandwidthPlacement(stage_traffic(self.run, self.model_config, self.assignment.stage_layers,
                                                           mean_prompt_tokens(len(self.task.prompt_ids(p))
                                                                              for p in prompts)))
-        self._version_s: float | None = None  #: recent seconds per version (refreshed with each move check)
+        self._version_s: float | None = None  #: recent seconds per version (refreshed by the tick)
+        self._version_s_at = -float("inf")
         if self.run.replica_sync.mode == "every_step":  # DiLoCo keeps replica r of every stage on route r
             self.members.route_key = lambda p, s, n: self.placement.route_key(p, s, n, self._version_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
@@ -210,8 +214,8 @@ class Coordinator:
                     continue  # fail closed: nothing is generated or trained that could not be stored
                 await self.generation.fill()
                 self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions, self.store.evals)
-                if self.placement.move_due():
-                    await self._move_for_bandwidth()
+                if time.monotonic() - self._version_s_at >= VERSION_S_EVERY_S:
+                    self._version_s, self._version_s_at = seconds_per_version(self.store.versions()), time.monotonic()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -223,33 +227,6 @@ class Coordinator:
             except Exception:
                 log.exception("scheduling tick failed")
                 await asyncio.sleep(1.0)
-
-    async def _move_for_bandwidth(self) -> None:
-        """Make the bandwidth placement's move, if it proposes one (``engine.swarm.bandwidth_placement``)."""
-        self._version_s = seconds_per_version(self.store.versions())
-        move = self.placement.propose_move(self.members.stage_replicas(), self.assignment.fits, self._version_s)
-        if move is None:
-            return
-        log.info("node %s uploads too slowly for stage %d: moving it to stage %d%s", move.peer, move.source,
-                 move.target, f" (and {move.partner} the other way)" if move.partner else "")
-        self.placement.moved(move)
-        await self._move([(move.peer, move.target)] + ([(move.partner, move.source)] if move.partner else []))
-        await self._broadcast_members()
-
-    async def _move(self, moves: list[tuple[str, int]]) -> None:
-        """Send each ``(peer, stage)`` there: its work on the old stage is void, it loads the new one."""
-        for peer_id, stage in moves:
-            session, slot = self.sessions.get(peer_id), self.assignment.nodes.get(peer_id)
-            if session is not None and slot is not None:
-                slot.stage = session.stage = stage
-                session.ready = False
-                self.members.authority.arrived(peer_id)  # a version or two behind its new stage at first
-                self.generation.on_node_lost(peer_id)
-                self.steps.on_node_lost(peer_id)
-        for peer_id, stage in moves:  # welcomes once every mover is out: none fetches from another mover
-            session = self.sessions.get(peer_id)
-            if session is not None:
-                await self.members.send(peer_id, self._welcome(session, stage, None))
 
     def _members_changed(self) -> None:
         asyncio.get_running_loop().create_task(self._broadcast_members(), name="polis-coord-members")
@@ -364,17 +341,30 @@ class Coordinator:
         # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
         preferred = resume_stage(self.assignment, slot, hello.stage) \
             if hello.run_id == self.run_id and hello.num_stages == self.num_stages else None
+        # its uplink, measured before (kept here, or remembered by the node) or capped (the hello's claim),
+        # may send it where it uploads least (engine.swarm.bandwidth_placement)
+        self.placement.uplinks.claim(peer_id, hello.uplink_mbps)
+
+        by_uplink: list[int] = []
+
+        def prefer(choice: int, candidates: list[int], trainers: list[int]) -> int:
+            stage = self.placement.join_stage(peer_id, choice, candidates, trainers, self._version_s)
+            if stage != choice:
+                by_uplink.append(stage)
+            return stage
+        if preferred is not None and slot.is_trainer and prefer(
+                preferred, [s for s in range(self.num_stages) if self.assignment._fits(slot, s)],
+                self.assignment.coverage()) != preferred:
+            preferred = None  # its old stage is where its uplink binds: assigned afresh
         if preferred is not None:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
             stage = preferred
         else:
             # where it adds most throughput once every stage is served and measured, unless its uplink
-            # would set the pace there (engine.swarm.bandwidth_placement)
-            self.placement.uplinks.claim(peer_id, hello.uplink_mbps)
-            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s(),
-                                    prefer=lambda choice, candidates, trainers: self.placement.join_stage(
-                                        peer_id, choice, candidates, trainers, self._version_s))
+            # would set the pace there
+            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s(), prefer=prefer)
+        self.placement.placed += bool(by_uplink)
         if stage is None:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
@@ -435,10 +425,13 @@ class Coordinator:
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.generation.on_node_lost(session.peer_id)
         self.steps.on_node_lost(session.peer_id)
-        moves = rebalance(self.assignment)
-        for peer_id, old_stage, new_stage in moves:
+        for peer_id, old_stage, new_stage in rebalance(self.assignment):
+            moved = self.sessions.get(peer_id)
+            if moved is None:
+                continue
             log.info("moving node %s from stage %d to %d", peer_id, old_stage, new_stage)
-        await self._move([(peer_id, new_stage) for peer_id, _, new_stage in moves])
+            moved.stage, moved.ready = new_stage, False
+            await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
 
     def stage_lost(self, stage: int) -> str | None:

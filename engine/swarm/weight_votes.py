@@ -12,11 +12,8 @@ coordinator's :class:`WeightAuthority` then, per stage:
 * tells every replica outside the majority to resync from a majority member (``sync`` names the
   source and the digest its weights must have, so the follower checks what it is sent);
 * evicts a replica that stays outside the majority for ``evict_after`` votes in a row (it ignored
-  its resyncs) -- not counting the first ``ARRIVAL_GRACE_VOTES`` of a trainer the coordinator just
-  moved to the stage (:meth:`WeightAuthority.arrived`): it loaded weights a version or two old
-  while the stage kept stepping, and each resync may land after the next step began; a replica
-  a follower says served weights other than the majority digest loses the lead at once and is
-  evicted when two followers say so (:meth:`WeightAuthority.refused`);
+  its resyncs); a replica a follower says served weights other than the majority digest loses the
+  lead at once and is evicted when two followers say so (:meth:`WeightAuthority.refused`);
 * names each stage's leader (it checkpoints the stage and streams weights to inference replicas):
   the best-ranked ready trainer of the last majority that no follower refused (the coordinator
   ranks by how many identities share its address, then admission order). Never "the smallest peer id", which anyone can
@@ -46,8 +43,6 @@ DIGEST_CHARS = 32
 MAX_DISTRUSTED = 4096
 #: decided digests remembered per stage (an inference replica's full load may lag a few versions)
 KEEP_VERSIONS = 8
-#: outvotes of a trainer just moved to a stage that do not count towards its eviction (it is resynced)
-ARRIVAL_GRACE_VOTES = 10
 
 
 def weights_digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -94,8 +89,6 @@ class WeightAuthority:
         self._decided: dict[int, dict[int, str]] = {}
         #: follower -> the source its last ``sync`` named
         self._asked: dict[str, str] = {}
-        #: trainer just moved to a stage -> outvotes left that do not count towards eviction
-        self._grace: dict[str, int] = {}
         #: source -> the followers that refused weights it served
         self._refusers: dict[str, set[str]] = {}
         #: what the stats API shows: votes, splits, resyncs, evictions, refused transfers
@@ -154,12 +147,8 @@ class WeightAuthority:
         for peer in sorted(reported):
             if reported[peer] == top:
                 self._outvoted.pop(peer, None)
-                self._grace.pop(peer, None)
                 continue
-            if self._grace.get(peer, 0) > 0:
-                self._grace[peer] -= 1  # still catching up after its move: resynced, not counted
-            else:
-                self._outvoted[peer] += 1
+            self._outvoted[peer] += 1
             if self._outvoted[peer] >= self.evict_after:
                 evict.append(peer)
                 self.counters["evicted"] += 1
@@ -240,18 +229,9 @@ class WeightAuthority:
             del self._leaders[stage]
         return False
 
-    def arrived(self, peer: str) -> None:
-        """``peer`` was just moved to another stage: what it held there no longer counts, and its first
-        ``ARRIVAL_GRACE_VOTES`` outvotes on the new stage are forgiven (bounded memory)."""
-        self.forget(peer)
-        self._grace[peer] = ARRIVAL_GRACE_VOTES
-        while len(self._grace) > MAX_DISTRUSTED:
-            del self._grace[next(iter(self._grace))]
-
     def forget(self, peer: str) -> None:
         """``peer`` left: it leads nothing and its strikes go (``distrusted`` stays: a rejoin is not trust)."""
         self._outvoted.pop(peer, None)
-        self._grace.pop(peer, None)
         self._asked.pop(peer, None)
         for stage in [s for s, p in self._leaders.items() if p == peer]:
             del self._leaders[stage]

@@ -5,14 +5,7 @@ import pytest
 from engine.model.config import ModelConfig
 from engine.paths import base_checkpoint_dir
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node
-from engine.swarm.bandwidth_placement import (
-    MOVE_INTERVAL_S,
-    NODE_MOVE_COOLDOWN_S,
-    BandwidthPlacement,
-    Move,
-    UplinkBook,
-    seconds_per_version,
-)
+from engine.swarm.bandwidth_placement import BandwidthPlacement, UplinkBook, seconds_per_version
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.run_config import RunConfig
 from engine.swarm.stage_traffic import stage_traffic
@@ -22,21 +15,8 @@ HOME_MBPS, METRO_MBPS = 10.0, 200.0
 VERSION_S = 0.5  # budget: a quarter of it
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _placement(clock=None) -> BandwidthPlacement:
-    traffic = stage_traffic(RunConfig(), TINY, [1, 1], prompt_tokens=10)
-    return BandwidthPlacement(traffic, clock=clock or Clock())
-
-
-def _fits(peer, stage):
-    return True
+def _placement() -> BandwidthPlacement:
+    return BandwidthPlacement(stage_traffic(RunConfig(), TINY, [1, 1], prompt_tokens=10))
 
 
 def test_a_measurement_replaces_a_claim_and_the_floor_only_rises():
@@ -89,58 +69,6 @@ def test_a_stage_without_a_trainer_is_filled_first_even_by_a_slow_node():
     assert assign_new_node(b, NodeSlot("new"), prefer=lambda c, cs, t: 0) == 1  # coverage before preference
 
 
-def _two_by_two(placement, home_stage=0):
-    stages = [["home", "m0"], ["m1", "m2"]] if home_stage == 0 else [["m0", "m1"], ["home", "m2"]]
-    placement.uplinks.observe("home", HOME_MBPS, HOME_MBPS)
-    for peer in ("m0", "m1", "m2"):
-        placement.uplinks.observe(peer, METRO_MBPS, METRO_MBPS)
-    return stages
-
-
-def test_a_measured_slow_trainer_on_the_heavy_stage_swaps_with_a_fast_one_of_the_light_stage():
-    clock = Clock()
-    placement = _placement(clock)
-    stages = _two_by_two(placement)
-    assert placement.propose_move(stages, _fits, VERSION_S) is None  # too early: the nodes have just started
-    clock.now = MOVE_INTERVAL_S
-    move = placement.propose_move(stages, _fits, VERSION_S)
-    assert move == Move("home", 0, 1, partner="m1")
-    placement.moved(move)
-    swapped = [["m1", "m0"], ["home", "m2"]]
-    clock.now += MOVE_INTERVAL_S
-    assert placement.propose_move(swapped, _fits, VERSION_S) is None  # where it belongs now
-    clock.now += NODE_MOVE_COOLDOWN_S
-    assert placement.propose_move(swapped, _fits, VERSION_S) is None  # and it stays there
-
-
-def _due(placement: BandwidthPlacement, clock: Clock) -> BandwidthPlacement:
-    clock.now += MOVE_INTERVAL_S
-    placement._last_check = -1e9
-    return placement
-
-
-def test_no_move_on_a_claim_a_fast_enough_uplink_or_a_slow_swarm():
-    clock = Clock()
-    placement = _placement(clock)
-    stages = _two_by_two(placement)
-    placement.uplinks._uplinks["home"].measured = False  # only the hello's word for it
-    assert _due(placement, clock).propose_move(stages, _fits, VERSION_S) is None
-    placement.uplinks._uplinks["home"].measured = True
-    assert _due(placement, clock).propose_move(stages, _fits, version_s=5.0) is None  # 0.2 s of a 5 s version
-    assert _due(placement, clock).propose_move([["home"], ["m1"]], _fits, VERSION_S) is None  # nobody would
-    # keep stage 0's weights (a mover fetches its new stage from a trainer that stays)
-    assert _due(placement, clock).propose_move(stages, _fits, VERSION_S) is not None
-
-
-def test_a_slow_node_with_a_second_replica_beside_it_moves_alone_to_join_the_light_stage():
-    clock = Clock()
-    placement = _placement(clock)
-    placement.uplinks.observe("home", HOME_MBPS, HOME_MBPS)
-    placement.uplinks.observe("m0", METRO_MBPS, METRO_MBPS)
-    placement.uplinks.observe("m1", METRO_MBPS, METRO_MBPS)
-    assert _due(placement, clock).propose_move([["home", "m0"], ["m1"]], _fits, VERSION_S) == Move("home", 0, 1)
-
-
 def test_routes_pair_nodes_whose_uplinks_bind_with_each_other():
     members = Membership(2)
     for peer, stage in (("a0", 0), ("a1", 0), ("b0", 1), ("b1", 1)):
@@ -157,15 +85,47 @@ def test_seconds_per_version_from_the_recent_versions():
     assert seconds_per_version(versions[:1]) is None
 
 
-def test_the_slowest_binding_node_moves_first_and_only_with_a_partner_twice_as_fast():
-    clock = Clock()
-    placement = _placement(clock)
-    placement.uplinks.observe("home", HOME_MBPS, HOME_MBPS)
-    placement.uplinks.observe("m0", METRO_MBPS, METRO_MBPS)
-    placement.uplinks.observe("near", 1.5 * HOME_MBPS, 1.5 * HOME_MBPS)  # not fast enough to trade places
-    placement.uplinks.observe("m2", METRO_MBPS, METRO_MBPS)
-    stages = [["home", "m0"], ["near", "m2"]]
-    assert _due(placement, clock).propose_move(stages, _fits, VERSION_S) == Move("home", 0, 1, partner="m2")
-    placement.uplinks.observe("stuck", 2.0, 2.0)
-    assert _due(placement, clock).propose_move([["home", "stuck"], ["near", "m2"]], _fits,
-                                               VERSION_S).peer == "stuck"
+def test_a_node_remembers_its_measured_uplink_for_a_day_for_its_next_hello(tmp_path, monkeypatch):
+    import time
+
+    from engine.swarm import node_status
+
+    assert node_status.remembered_uplink(tmp_path) is None
+    node_status.remember_uplink(tmp_path / "data", 9.5)
+    assert node_status.remembered_uplink(tmp_path / "data") == 9.5
+    later = time.time() + node_status.UPLINK_MEMORY_S + 1
+    monkeypatch.setattr(node_status.time, "time", lambda: later)
+    assert node_status.remembered_uplink(tmp_path / "data") is None  # the machine may be elsewhere now
+    (tmp_path / "data" / node_status.UPLINK_FILE).write_text("not json")
+    assert node_status.remembered_uplink(tmp_path / "data") is None
+
+
+def test_the_coordinator_places_a_hello_claiming_a_slow_uplink_on_the_last_stage_even_when_it_asks_for_its_old_one(
+        tmp_path):
+    import asyncio
+
+    from engine.swarm.coordinator import Coordinator, CoordinatorConfig
+    from tests.support.hostile_node import join
+
+    async def main():
+        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / "c.db"), base_checkpoint=str(base_checkpoint_dir()),
+                                          num_stages=2, port=0))
+        url = await c.start()
+        links = []
+        try:
+            for _ in range(2):  # the compute rules fill stage 0, then stage 1
+                links.append(await join(url, local_host=f"127.0.0.{len(links) + 2}"))
+            # the compute rules would put a third node on stage 0; this one asks for it too, as a rejoin, and
+            # its 5 Mbit/s would take 0.39 s of a version there (no version measured yet: a second, budget 0.25 s)
+            links.append(await join(url, local_host="127.0.0.9", uplink_mbps=5.0, stage=0, num_stages=2,
+                                    run_id=c.run_id))
+            stats = c.stats()
+            return [link.reply.get("stage") for link in links], stats["bandwidth"]
+        finally:
+            for link in links:
+                await link.close()
+            await c.stop()
+    stages, bandwidth = asyncio.run(main())
+    assert stages == [0, 1, 1]
+    assert bandwidth["placed_by_uplink"] == 1 and bandwidth["budget_s"] > 0
+    assert [s["stage"] for s in bandwidth["bytes_per_version"]] == [0, 1]

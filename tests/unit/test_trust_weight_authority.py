@@ -83,22 +83,6 @@ def test_a_trainer_that_joined_behind_a_lone_incumbent_is_resynced_from_it_and_c
     assert vote.majority is None and not vote.resync and auth.counters["splits"] == 1
 
 
-def test_a_trainer_moved_to_a_stage_is_resynced_through_its_grace_votes_and_evicted_only_after_them():
-    from engine.swarm.weight_votes import ARRIVAL_GRACE_VOTES
-
-    auth = WeightAuthority(evict_after=3)
-    auth.vote(0, {"a": "01" * 16, "b": "01" * 16}, 1)
-    auth.arrived("mover")
-    votes = [auth.vote(0, {"a": f"{v:02d}" * 16, "b": f"{v:02d}" * 16, "mover": "ff" * 16}, v)
-             for v in range(2, 2 + ARRIVAL_GRACE_VOTES + 3)]
-    assert all(v.resync and not v.evict for v in votes[:ARRIVAL_GRACE_VOTES + 2])
-    assert votes[-1].evict == ["mover"]  # past its grace, three in a row: it ignores its resyncs
-    auth.arrived("late")
-    auth.vote(0, {"a": "20" * 16, "b": "20" * 16, "late": "20" * 16}, 20)  # caught up: the grace is spent
-    assert [auth.vote(0, {"a": f"{v}" * 16, "b": f"{v}" * 16, "late": "ee" * 16}, v).evict
-            for v in (21, 22, 23)][-1] == ["late"]
-
-
 def test_a_refusal_counts_only_for_the_sync_sent_and_two_followers_evict():
     auth = WeightAuthority()
     h, x = "11" * 16, "22" * 16
