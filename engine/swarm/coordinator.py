@@ -514,7 +514,7 @@ class Coordinator:
             # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
             "route_weights": {"generation": generation.weights.snapshot()["generation"],
                               "training": steps.microbatches.weights.snapshot()["training"]},
-            # bytes per version of each stage, each node's uplink and upload time, moves made
+            # bytes per version of each stage, each node's uplink and upload time, joins placed by uplink
             "bandwidth": self.placement.snapshot(replicas, self._version_s),
             "samples": list(generation.samples), "monitor": self.monitor.figures,
             "env": self.run.env.name,
