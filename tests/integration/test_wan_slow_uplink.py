@@ -10,10 +10,12 @@ on stage 0, the stage that sends activations forward (2.5x the bytes of stage 1'
 
 What "its share" means here: node 0 is one of stage 1's two replicas. Had it contributed nothing,
 the stage would keep half its capacity, and a pipeline runs at its slowest stage's pace: the swarm
-would keep half its versions per minute (``SHARE``). Its 150 ms and 1 % loss cost more than its
-bandwidth does, though: every optimiser step waits for each replica's gradient share, so the
-slowest replica's round trips are on every step's path; the test checks the placement, reports the
-ratio, and asserts only that the swarm keeps training at ``FLOOR`` of the clean pace.
+would keep half its versions per minute (``SHARE``). It does not: measured 0.34-0.35 of the clean
+pace (2026-12-04, 154 versions/min clean), 0.31 with node 0 left on stage 0. Its 150 ms and 1 %
+loss cost more than its bandwidth: every optimiser step waits for each route's micro-batches and
+each replica's gradient share, so the slow node's round trips sit on every step's path however few
+rows the route weights give it. The test checks the placement and that the swarm keeps at least
+``FLOOR`` of the clean pace (below it: a regression, e.g. resync churn, measured at 0.18).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 log = logging.getLogger(__name__)
 
 SHARE = 0.5
-FLOOR = 0.1
+FLOOR = 0.25
 #: the window over which versions per minute are counted (after the warm-up)
 WINDOW_S = 30.0
 #: versions before the window
