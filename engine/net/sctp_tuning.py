@@ -101,7 +101,7 @@ class SctpTuning:
 STOCK_SCTP = SctpTuning(controller="stock", rto_margin_s=None)
 
 
-def _transport_class():
+def _transport_class() -> type:
     from aiortc.rtcsctptransport import SCTP_RTO_MAX, USERDATA_MAX_LENGTH, DataChunk, RTCSctpTransport
 
     class TunedSctpTransport(RTCSctpTransport):
