@@ -48,7 +48,7 @@ def format_wan_table(result: dict[str, Any]) -> str:
     line = result["bandwidth_mbps"]
     lines = [f"framed goodput across the emulated WAN ({line:g} Mbit/s each way = {line / 8:.2f} MB/s; "
              f"counted over >= {result['cell_s']:g} s and 20 RTTs per cell after ~15 RTTs warm-up; Polis SCTP "
-             f"{result['sctp']['virtual_flows']} virtual flows, RTO margin {result['sctp']['rto_margin_s']} s)",
+             f"{_controller(result['sctp'])}, RTO margin {result['sctp']['rto_margin_s']} s)",
              f"{'RTT ms':>6} {'loss %':>6} | {'stock MB/s':>10} {'of line':>7} | {'Polis MB/s':>10} {'of line':>7}"
              f" | {'Polis/stock':>11} | {'CPU s/MB stock':>14} {'Polis':>5}"]
     for c in result["cells"]:
@@ -58,3 +58,9 @@ def format_wan_table(result: dict[str, Any]) -> str:
                      f"{s['cpu_s_per_mb']:14.2f} {p['cpu_s_per_mb']:5.2f}")
     lines.append(f"({result['seconds']} s)")
     return "\n".join(lines)
+
+
+def _controller(sctp: dict[str, Any]) -> str:
+    if sctp.get("controller") == "bottleneck":
+        return f"window {sctp['cruise_gain']:g} x measured rate x min RTT"
+    return "stock Reno window"

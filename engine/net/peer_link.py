@@ -35,7 +35,7 @@ from engine.net.link_config import (
     remote_max_message_bytes,
     rtc_configuration,
 )
-from engine.net.sctp_tuning import tune_sctp
+from engine.net.sctp_tuning import send_rate, tune_sctp
 from engine.net.wire import WireMessage
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,12 @@ class PeerLink:
         """SCTP's smoothed round trip to the peer in seconds (None before its first measurement)."""
         srtt = getattr(getattr(self._pc, "sctp", None), "_srtt", None)  # aiortc keeps RFC 4960's SRTT privately
         return float(srtt) if isinstance(srtt, (int, float)) and srtt >= 0 else None
+
+    @property
+    def send_rate(self) -> tuple[float, bool] | None:
+        """Measured send rate to the peer: (bytes per second, whether the path, not this sender, set it);
+        None before any measurement or with stock SCTP (``engine.net.sctp_tuning.send_rate``)."""
+        return send_rate(self._pc)
 
     @property
     def closed(self) -> bool:

@@ -25,15 +25,21 @@ stream). Rules:
 * a rejoining node's wish for its old stage is advice (:func:`resume_stage`): granted only
   for a real stage within one of the least-covered, so hellos cannot pile onto one stage;
 * nodes that cannot hold a stage (``max_layers`` smaller than the stage) are
-  never assigned to it.
+  never assigned to it;
+* a trainer's stage may get a second opinion (``prefer``): the coordinator's bandwidth
+  placement (``engine.swarm.bandwidth_placement``) sends a node whose uplink would set its
+  stage's pace to the stage where it uploads least.
 
-It knows nothing about networks, weights or time (speeds come measured from the caller).
+It knows nothing about networks, weights or time (speeds and preferences come from the caller).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
+
+#: a second opinion on a trainer's stage: (the compute rules' choice, candidate stages, trainers per stage) -> stage
+Preference = Callable[[int, list[int], list[int]], int]
 
 
 @dataclass
@@ -86,14 +92,20 @@ class Assignment:
     def _fits(self, slot: NodeSlot, stage: int) -> bool:
         return slot.max_layers is None or slot.max_layers >= self.stage_layers[stage]
 
+    def fits(self, peer_id: str, stage: int) -> bool:
+        """Whether node ``peer_id`` (known here) can hold ``stage``."""
+        slot = self.nodes.get(peer_id)
+        return slot is not None and self._fits(slot, stage)
+
 
 def assign_new_node(assignment: Assignment, slot: NodeSlot,
-                    speeds: Mapping[str, float] | None = None) -> int | None:
+                    speeds: Mapping[str, float] | None = None, prefer: Preference | None = None) -> int | None:
     """Add ``slot`` and give it the least-covered stage it can hold; ``None`` if none fits.
 
     Trainers go where trainers are fewest, inference replicas where generation-capable
     replicas are fewest; with every candidate stage served and measured (``speeds``: peer ->
-    decoding steps per second), where their capacity is least (see the module).
+    decoding steps per second), where their capacity is least (see the module); then a
+    trainer's ``prefer`` may pick another of the candidates.
     """
     assignment.nodes[slot.peer_id] = slot
     slot.stage = None
@@ -111,6 +123,10 @@ def assign_new_node(assignment: Assignment, slot: NodeSlot,
         slot.stage = min(candidates, key=lambda s: (capacity[s], coverage[s], s))
     else:
         slot.stage = min(candidates, key=lambda s: (coverage[s], s))
+    if prefer is not None and slot.is_trainer:
+        preferred = prefer(slot.stage, candidates, coverage)
+        if preferred in candidates and (min(coverage[s] for s in candidates) > 0 or coverage[preferred] == 0):
+            slot.stage = preferred  # never at the cost of a stage without a trainer
     return slot.stage
 
 

@@ -39,6 +39,7 @@ import asyncio
 import base64
 import binascii
 import hmac
+import itertools
 import logging
 import secrets
 import time
@@ -59,6 +60,7 @@ from engine.rl.run_task import make_run_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm.assignment import Assignment, NodeSlot, assign_new_node, rebalance, remove_node, resume_stage
+from engine.swarm.bandwidth_placement import BandwidthPlacement, seconds_per_version
 from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.credit import FLUSH_S
 from engine.swarm.eval_scheduler import EvalScheduler
@@ -70,6 +72,7 @@ from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
+from engine.swarm.stage_traffic import mean_prompt_tokens, stage_traffic
 from engine.swarm.stats_view import StatsQuery, StatsView
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store, StoreUnavailable
@@ -77,6 +80,9 @@ from engine.swarm.stream_book import StreamBook
 from engine.swarm.tickets import TicketIssuer
 
 log = logging.getLogger(__name__)
+
+#: how often the tick refreshes the run's recent seconds per version (the bandwidth placement's budget)
+VERSION_S_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -152,8 +158,17 @@ class Coordinator:
         self.monitor = RolloutMonitor()
         self.steps = StepRunner(self.run, rules, self.task, self.store, self.book, self.evals, self.members,
                                 step_timeout_s=config.step_timeout_s)
+        # bytes per version of each stage (engine.swarm.stage_traffic) against the nodes' measured uplinks
+        prompts = itertools.islice(self.task.train_prompts(self.run.seed), 32)
+        self.placement = BandwidthPlacement(stage_traffic(self.run, self.model_config, self.assignment.stage_layers,
+                                                          mean_prompt_tokens(len(self.task.prompt_ids(p))
+                                                                             for p in prompts)))
+        self._version_s: float | None = None  #: recent seconds per version (refreshed by the tick)
+        self._version_s_at = -float("inf")
+        if self.run.replica_sync.mode == "every_step":  # DiLoCo keeps replica r of every stage on route r
+            self.members.route_key = lambda p, s, n: self.placement.route_key(p, s, n, self._version_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
-                                   on_ready=self._members_changed)
+                                   on_ready=self._members_changed, on_uplink=self.placement.uplinks.observe)
         self.stats_view = StatsView(self)
         self._credit_flushed = 0.0  #: monotonic time the verified credit was last written
         self._runner: web.AppRunner | None = None
@@ -216,6 +231,9 @@ class Coordinator:
                 await self.generation.fill()
                 self.monitor.refresh(time.monotonic(), self.generation.outcomes, self.store.versions_of,
                                      self.store.evals)
+                if time.monotonic() - self._version_s_at >= VERSION_S_EVERY_S:
+                    self._version_s = seconds_per_version(self.store.version_page(None, 10))
+                    self._version_s_at = time.monotonic()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -341,13 +359,30 @@ class Coordinator:
         # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
         preferred = resume_stage(self.assignment, slot, hello.stage) \
             if hello.run_id == self.run_id and hello.num_stages == self.num_stages else None
+        # its uplink, measured before (kept here, or remembered by the node) or capped (the hello's claim),
+        # may send it where it uploads least (engine.swarm.bandwidth_placement)
+        self.placement.uplinks.claim(peer_id, hello.uplink_mbps)
+
+        by_uplink: list[int] = []
+
+        def prefer(choice: int, candidates: list[int], trainers: list[int]) -> int:
+            stage = self.placement.join_stage(peer_id, choice, candidates, trainers, self._version_s)
+            if stage != choice:
+                by_uplink.append(stage)
+            return stage
+        if preferred is not None and slot.is_trainer and prefer(
+                preferred, [s for s in range(self.num_stages) if self.assignment._fits(slot, s)],
+                self.assignment.coverage()) != preferred:
+            preferred = None  # its old stage is where its uplink binds: assigned afresh
         if preferred is not None:
             self.assignment.nodes[peer_id] = slot
             slot.stage = preferred
             stage = preferred
         else:
-            # where it adds most throughput once every stage is served and measured
-            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s())
+            # where it adds most throughput once every stage is served and measured, unless its uplink
+            # would set the pace there
+            stage = assign_new_node(self.assignment, slot, self.generation.pacer.steps_per_s(), prefer=prefer)
+        self.placement.placed += bool(by_uplink)
         if stage is None:
             await ws.send_str(messages.encode(messages.Shutdown(
                 reason="this node cannot hold any stage of the model (raise its memory limit)")))
@@ -472,6 +507,11 @@ class Coordinator:
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:500]}, status=400)
         return web.json_response(view(query))
+
+    def bandwidth(self) -> dict[str, Any]:
+        """Bytes per version of each stage, each node's uplink and upload time, joins placed by uplink
+        (``engine.swarm.bandwidth_placement``)."""
+        return self.placement.snapshot(self.members.stage_replicas(), self._version_s)
 
     def stats(self, query: StatsQuery | None = None) -> dict[str, Any]:
         """Everything ``/api/admin/stats`` shows (``engine.swarm.stats_view``), for callers in this process."""

@@ -4,7 +4,9 @@ parts use, see ``engine.swarm.run_book``).
 
 A route takes one ready node per stage, stage 0 first. Training routes use trainers only;
 generation routes any ready replica (trainers first, then inference replicas). Route r takes
-replica r (mod count) of every stage, so every replica serves. Sending never waits on a stuck
+replica r (mod count) of every stage, so every replica serves; with a ``route_key`` (the
+coordinator's bandwidth placement, when replicas sync every step) nodes whose uplinks bind pair
+with each other rather than slowing every route. Sending never waits on a stuck
 socket for longer than ``SEND_TIMEOUT_S``, and a node whose socket is stuck that long is evicted
 (out of every route at once, socket closed); so is one the step runner finds silent
 (``evict``). An evicted peer id is refused for ``EVICTION_BAN_S`` (``banned_for``), so a node
@@ -26,10 +28,11 @@ What it does not know: authentication, stage assignment, scheduling.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from engine.swarm import messages
 from engine.swarm.run_book import SEND_TIMEOUT_S
@@ -42,6 +45,10 @@ log = logging.getLogger(__name__)
 EVICTION_BAN_S = 300.0
 #: most banned peer ids remembered (the oldest ban is forgotten first)
 MAX_BANS = 4096
+
+
+def _route_key(key: Callable[[str, int, int], Any], stage: int, replicas: int, peer: str) -> Any:
+    return key(peer, stage, replicas)
 
 
 @dataclass
@@ -68,6 +75,8 @@ class Membership:
         self.authority = WeightAuthority()
         #: signs a ticket into every ``gen`` / ``train_in`` / ``train_out`` sent (None: no tickets)
         self.issuer = issuer
+        #: sort key of a stage's replicas when routes pair them: (peer, stage, replicas) -> key (None: by id)
+        self.route_key: Callable[[str, int, int], Any] | None = None
 
     def at_address(self, address: str) -> int:
         """Admitted nodes that connected from ``address``."""
@@ -84,11 +93,15 @@ class Membership:
     def inference_replicas(self) -> list[list[str]]:
         return self.stage_replicas("inference")
 
-    @staticmethod
-    def _pipelines(replicas: list[list[str]]) -> list[list[str]]:
-        """Complete pipelines: route r takes replica r (mod count) of every stage."""
+    def _pipelines(self, replicas: list[list[str]]) -> list[list[str]]:
+        """Complete pipelines: route r takes replica r (mod count) of every stage, each stage's replicas
+        in ``route_key`` order when one is set (nodes on slow uplinks pair with each other)."""
         if not all(replicas):
             return []
+        key = self.route_key
+        if key is not None:
+            replicas = [sorted(ids, key=functools.partial(_route_key, key, s, len(ids)))
+                        for s, ids in enumerate(replicas)]
         width = max(len(ids) for ids in replicas)
         return [[ids[r % len(ids)] for ids in replicas] for r in range(width)]
 

@@ -105,6 +105,8 @@ Checksum = Annotated[float, Meta(ge=-1e30, le=1e30)]
 #: blake2b-128 hex of a stage's full trainable weights (``engine.swarm.weight_votes.weights_digest``)
 Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
 Count = Annotated[float, Meta(ge=0.0, le=1e18)]
+#: a bit rate, megabits per second (10**6 bit/s)
+Mbps = Annotated[float, Meta(ge=0.0, le=1e6)]
 #: an engine.net.tensor_codec header (validated by decode_tensor, not here)
 TensorHeader = Annotated[dict[str, Any], Meta(max_length=16)]
 #: a map validated by its own reader (run config, model config, weight-delta header)
@@ -285,6 +287,7 @@ class Hello(WireMessage, frozen=True, tag="hello"):
     has_base: bool  # it has the base checkpoint on disk
     role: Literal["trainer", "inference"] = "trainer"  # what it offers to do
     nonce: Nonce | None = None  # the node's challenge: the coordinator signs it in the welcome
+    uplink_mbps: Mbps | None = None  # its upload cap, if its user set one (placement advice; measured rates win)
 
 
 class Ready(WireMessage, frozen=True, tag="ready"):
@@ -385,6 +388,10 @@ class Report(WireMessage, frozen=True, tag="report"):
     gen_steps: Count = 0.0  # generation steps (one job, one stage, one token) in those seconds
     link_rtt_ms: Annotated[dict[PeerId, Annotated[float, Meta(ge=0.0, le=600_000.0)]],
                            Meta(max_length=MAX_PEERS)] = {}  # smoothed round trip of each open peer link
+    # (those below place nodes by bandwidth: engine.swarm.bandwidth_placement)
+    link_send_mbps: Annotated[dict[PeerId, Mbps], Meta(max_length=MAX_PEERS)] = {}  # measured send rate per link
+    uplink_mbps: Mbps = 0.0  # fastest a link sent while the path set the pace (capped by the upload limit); 0: unknown
+    uplink_floor_mbps: Mbps = 0.0  # fastest any link sent: the uplink is at least this
 
 
 NodeToCoordinator = Union[Hello, Ready, GenDone, JobFailed, MbLoss, MbDone, ProxDone, MbFailed, Stepped,

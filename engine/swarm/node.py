@@ -39,11 +39,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from backends.base import OptimizerConfig, StageSpec
 from engine.net.errors import ProtocolViolation
 from engine.net.identity import Identity, split_pinned_url
+from engine.paths import user_data_dir
 from engine.swarm import messages
 from engine.swarm.compute_thread import ComputeThread
 from engine.swarm.coordinator_session import CoordinatorSession, hello_bytes
@@ -51,7 +53,7 @@ from engine.swarm.export_permits import ExportPermits
 from engine.swarm.generation import Generation
 from engine.swarm.inference_replica import TRAINING_MESSAGES, InferenceReplica
 from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
-from engine.swarm.node_status import NodeStatus
+from engine.swarm.node_status import NodeStatus, remembered_uplink
 from engine.swarm.peer_links import PeerLinks
 from engine.swarm.pipeline_hops import check_hop
 from engine.swarm.replica_step import ReplicaStep
@@ -161,7 +163,9 @@ class Node:
                                  report_every_s=config.report_every_s,
                                  emit=self.emit, bytes_moved=self.bytes_moved, expire=self._expire_jobs,
                                  link_count=self.links.link_count if self.links else lambda: 0,
-                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict)
+                                 limits=self.limits, link_rtt_ms=self.links.rtt_ms if self.links else dict,
+                                 send_rates=self.links.send_rates if self.links else dict,
+                                 data_dir=self._data_dir())
         ctx.on_status = self.status.emit_status
         if coordinator is None:
             self.session = ctx.coordinator = CoordinatorSession(
@@ -271,7 +275,8 @@ class Node:
                 "max_layers": self.config.max_layers,
                 "stage": spec.stage_index if spec else None, "num_stages": spec.num_stages if spec else None,
                 "version": rt.version, "run_id": stage.run_id,
-                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role}
+                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role,
+                "uplink_mbps": self._uplink_claim()}
 
     async def _welcomed(self, welcome: messages.Welcome) -> None:
         """Load what the welcome assigns, then tell the coordinator we are ready."""
@@ -321,6 +326,15 @@ class Node:
         self.replicas.new_weights(fresh=not keep)
         ctx.membership.coordinator_version = welcome.version
         self.replica.after_load()
+
+    def _data_dir(self) -> Path:
+        return Path(self.config.data_dir) if self.config.data_dir else user_data_dir()
+
+    def _uplink_claim(self) -> float | None:
+        """The uplink this node tells the coordinator (Mbit/s): the smaller of its upload cap and the
+        uplink it measured last time (``engine.swarm.node_status.remembered_uplink``), if any."""
+        known = [m for m in (self.limits.get("upload_mbps"), remembered_uplink(self._data_dir())) if m]
+        return min(known) if known else None
 
     def _base_dir(self):
         """This machine's copy of the run's model (raises, saying how to import it, when absent)."""

@@ -4,7 +4,8 @@
 ``engine.swarm.messages``) by its struct type through one table to the
 part that owns it — generation results to the generation scheduler, micro-batch and step
 reports to the step runner, weight-stream reports to the stream book, a node's ``report`` to the
-ledger's self-reported half (never to its credit: ``engine.swarm.ledger``) and to the pacer —
+ledger's self-reported half (never to its credit: ``engine.swarm.ledger``), to the pacer and its
+measured uplink to the bandwidth placement —
 after checking that the sender's role may send it (only trainers step and stream, only
 inference replicas report ``served``). A message a node may not send raises
 ``ProtocolViolation``; the coordinator counts it as a strike against the node.
@@ -31,9 +32,12 @@ class NodeReports:
     """The handlers of node -> coordinator messages (``messages.NodeToCoordinator``)."""
 
     def __init__(self, members: Membership, generation: GenerationScheduler, steps: StepRunner,
-                 streams: StreamBook, store: Store, *, on_ready: Callable[[], None]) -> None:
+                 streams: StreamBook, store: Store, *, on_ready: Callable[[], None],
+                 on_uplink: Callable[[str, float, float], None] = lambda peer, mbps, floor_mbps: None) -> None:
         self.members, self.generation, self.steps = members, generation, steps
         self.streams, self.store, self.on_ready = streams, store, on_ready
+        #: a node's measured uplink (Mbit/s) and its lower bound, for the bandwidth placement
+        self.on_uplink = on_uplink
         self._handlers: dict[type, Callable[[NodeSession, Any], None]] = {
             messages.Hello: self._second_hello, messages.Ready: self._ready, messages.GenDone: self._gen_done,
             messages.JobFailed: self._job_failed, messages.MbLoss: self._mb_loss, messages.MbDone: self._mb_done,
@@ -110,7 +114,8 @@ class NodeReports:
                 name=f"polis-coord-served-{session.peer_id[:8]}")
 
     def _report(self, session: NodeSession, message: messages.Report) -> None:
-        """What a node says of itself: kept as self-reported figures and used for pacing. Its own token
-        and micro-batch counts are claims the coordinator does not credit (it counts what it observed)."""
+        """What a node says of itself: kept as self-reported figures and used for pacing and placement. Its
+        own token and micro-batch counts are claims the coordinator does not credit (it counts what it observed)."""
         self.generation.pacer.observe(session.peer_id, message.gen_compute_s, message.gen_steps, message.link_rtt_ms)
         self.store.add_self_reported(session.peer_id, **{name: getattr(message, name) for name in SELF_REPORTED})
+        self.on_uplink(session.peer_id, message.uplink_mbps, message.uplink_floor_mbps)

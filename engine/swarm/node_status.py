@@ -8,20 +8,26 @@
   the coordinator's public stats API over one reused HTTP session (closed at stop);
 * on any change a user sees: a ``status`` event (state, stage, peers, limits).
 
-It also expires jobs untouched for ``JOB_TTL_S`` (through ``expire``), once per report.
+It also expires jobs untouched for ``JOB_TTL_S`` (through ``expire``), once per report, and
+remembers the node's measured uplink in its data directory (:func:`remember_uplink`), which its
+next hello claims (:func:`remembered_uplink`): the coordinator places a node on a slow uplink by
+it from its next join on (``engine.swarm.bandwidth_placement``).
 What it does not know: what the jobs are, how messages travel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from engine.atomic_file import atomic_write_text
 from engine.control_protocol import CreditRow
 from engine.swarm.messages import MAX_PEERS, Report
 from engine.swarm.node_context import NodeContext
@@ -40,6 +46,31 @@ MAX_SAMPLE_CHARS = 400
 MAX_SAMPLE_TURNS = 8
 #: the verified counters a ``swarm`` event carries
 CREDIT_FIELDS = CreditRow.__struct_fields__
+#: file in the node's data directory that remembers its measured uplink
+UPLINK_FILE = "uplink.json"
+#: a remembered uplink older than this is not claimed (seconds: the machine may have moved)
+UPLINK_MEMORY_S = 24 * 3600.0
+#: the remembered figure is rewritten when the measurement moves by more than this fraction
+UPLINK_REWRITE_FRACTION = 0.1
+
+
+def remembered_uplink(data_dir: Path) -> float | None:
+    """The uplink (Mbit/s) this node measured in the last ``UPLINK_MEMORY_S``, or None."""
+    try:
+        saved = json.loads((data_dir / UPLINK_FILE).read_text())
+        mbps, at = float(saved["uplink_mbps"]), float(saved["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return mbps if mbps > 0 and 0 <= time.time() - at <= UPLINK_MEMORY_S else None
+
+
+def remember_uplink(data_dir: Path, mbps: float) -> None:
+    """Keep ``mbps`` for the next hello (a failed write only costs that advice)."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(data_dir / UPLINK_FILE, json.dumps({"uplink_mbps": mbps, "measured_at": time.time()}))
+    except OSError as exc:
+        log.debug("could not remember the uplink: %s", exc)
 
 
 class NodeStatus:
@@ -48,7 +79,8 @@ class NodeStatus:
     def __init__(self, ctx: NodeContext, *, coordinator_url: str, report_every_s: float,
                  emit: Callable[..., None], bytes_moved: Callable[[], tuple[float, float]],
                  link_count: Callable[[], int], expire: Callable[[float], None],
-                 limits: dict[str, Any], link_rtt_ms: Callable[[], dict[str, float]] = dict) -> None:
+                 limits: dict[str, Any], link_rtt_ms: Callable[[], dict[str, float]] = dict,
+                 send_rates: Callable[[], dict[str, Any]] = dict, data_dir: Path | None = None) -> None:
         self.ctx = ctx
         self.coordinator_url = coordinator_url
         self.report_every_s = report_every_s
@@ -56,6 +88,9 @@ class NodeStatus:
         self.bytes_moved = bytes_moved
         self.link_count = link_count
         self.link_rtt_ms = link_rtt_ms
+        self.send_rates = send_rates
+        self.data_dir = data_dir  #: where the measured uplink is remembered (None: nowhere)
+        self._remembered_mbps = 0.0
         self.expire = expire
         self.limits = limits
         self.state = "idle"
@@ -92,7 +127,14 @@ class NodeStatus:
             delta = {k: max(0.0, now[k] - self._reported[k]) for k in self._reported}
             self._reported = now
             rtt = dict(sorted(self.link_rtt_ms().items())[:MAX_PEERS])
-            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}, link_rtt_ms=rtt))
+            rates = self.send_rates()
+            rates["link_send_mbps"] = dict(sorted(rates.get("link_send_mbps", {}).items())[:MAX_PEERS])
+            uplink = float(rates.get("uplink_mbps", 0.0))
+            if self.data_dir is not None and uplink > 0 and \
+                    abs(uplink - self._remembered_mbps) > UPLINK_REWRITE_FRACTION * self._remembered_mbps:
+                remember_uplink(self.data_dir, uplink)
+                self._remembered_mbps = uplink
+            await ctx.coordinator.send(Report(**{k: float(v) for k, v in delta.items()}, link_rtt_ms=rtt, **rates))
             self.emit("stats", tokens_generated=int(now["tokens_generated"]),
                       microbatches_trained=int(now["microbatches_trained"]), bytes_sent=int(sent),
                       bytes_received=int(received), uptime_s=round(now["uptime_s"], 1),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from engine.net.errors import LinkClosed, NetError, ProtocolViolation
 from engine.net.identity import Identity
@@ -160,6 +161,28 @@ class PeerLinks:
         if self._pm is None:
             return {}
         return {peer: round(1e3 * link.rtt_s, 3) for peer, link in self._pm.links.items() if link.rtt_s is not None}
+
+    def send_rates(self) -> dict[str, Any]:
+        """Measured send rates for the coordinator's report, Mbit/s: ``link_send_mbps`` (each open link's),
+        ``uplink_mbps`` (the fastest a link sent while its path set the pace, at most the upload cap;
+        the cap itself when none did; 0: unknown) and ``uplink_floor_mbps`` (the fastest any link sent:
+        the uplink is at least this)."""
+        links: dict[str, float] = {}
+        ceiling = floor = 0.0
+        for peer, link in (self._pm.links.items() if self._pm is not None else ()):
+            rate = link.send_rate
+            if rate is None:
+                continue
+            mbps = rate[0] * 8 / 1e6
+            links[peer] = round(mbps, 3)
+            floor = max(floor, mbps)
+            if rate[1]:
+                ceiling = max(ceiling, mbps)
+        cap = self.upload.rate_bytes_s
+        if cap is not None:
+            cap_mbps = cap * 8 / 1e6
+            ceiling = min(ceiling, cap_mbps) if ceiling else cap_mbps
+        return {"link_send_mbps": links, "uplink_mbps": round(ceiling, 3), "uplink_floor_mbps": round(floor, 3)}
 
     def bytes_moved(self) -> tuple[float, float]:
         """Wire bytes ``(sent, received)`` over every link this node had."""

@@ -140,6 +140,9 @@ class StatsSource(Protocol):
     def stage_lost(self, stage: int) -> str | None:
         """Why ``stage`` cannot be served at the run's version, or None."""
 
+    def bandwidth(self) -> dict[str, Any]:
+        """Bytes per version of each stage, each node's uplink and upload time, joins placed by uplink."""
+
 
 class StatsView:
     """The public and admin stats of ``coordinator``."""
@@ -220,6 +223,7 @@ class StatsView:
             # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)
             "route_weights": {"generation": generation.weights.snapshot()["generation"],
                               "training": steps.microbatches.weights.snapshot()["training"]},
+            "bandwidth": c.bandwidth(),
             "staleness_histogram": {str(k): v for k, v in sorted(steps.staleness_histogram.items())},
             "counters": dict(book.counters), "update_bytes": steps.update_bytes,
             "dense_update_bytes": steps.dense_update_bytes,

@@ -77,6 +77,20 @@ class Swarm:
             command = throttled_node.node_argv(slowdown, *argv)
         self.nodes[name] = self._spawn(name, *argv, command=command)
 
+    def start_wan(self, mix: str, nodes: int):
+        """The emulated internet of ``engine.swarm.wan_swarm`` for ``nodes`` nodes on ``mix`` (e.g.
+        ``home:0,metro``); returns its ``WanRelay``: give node i ``coordinator=relay.coordinator_url(i)``
+        and ``*relay.node_args(i)``. Stopped with the swarm."""
+        from engine.swarm.wan_swarm import WanRelay
+
+        swarm = self
+
+        class _Spawner:
+            def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+                swarm.nodes[name] = swarm._spawn(name, *argv)
+                return swarm.nodes[name]
+        return WanRelay.start(_Spawner(), self.tmp, mix, nodes, self.port)
+
     def pinned_url(self) -> str:
         """The swarm URL the coordinator printed, pinning its key (``#key=...``)."""
         deadline = time.monotonic() + 15

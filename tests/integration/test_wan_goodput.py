@@ -31,3 +31,18 @@ def test_the_wan_table_measures_every_cell_of_its_grid_for_both_kinds():
         assert c["ratio"] == pytest.approx(c["polis"]["goodput_mb_s"] / c["stock"]["goodput_mb_s"])
     table = format_wan_table(result)
     assert "Polis/stock" in table and len(table.splitlines()) == 2 + 2 + 1
+
+
+def test_at_200_ms_polis_links_keep_pace_with_stock_on_a_clean_line_and_fill_most_of_a_lossy_one():
+    clean, lossy = Cell(rtt_ms=200, loss_percent=0.0, bandwidth_mbps=20), Cell(rtt_ms=200, loss_percent=0.1,
+                                                                               bandwidth_mbps=20)
+
+    async def cells():
+        return (await stock_cell(clean, window_s=4.0), await polis_cell(clean, window_s=4.0),
+                await polis_cell(lossy, window_s=4.0))
+
+    stock, polis, polis_lossy = asyncio.run(cells())
+    # the measured window: no overshoot of the relay's one-round-trip queue, no Reno halving on random loss
+    assert polis["goodput_mb_s"] >= 0.85 * stock["goodput_mb_s"], (stock, polis)
+    assert polis["relay"]["dropped_queue"] == 0
+    assert polis_lossy["link_share"] >= 0.5, polis_lossy
