@@ -61,6 +61,36 @@ def _sent(node: Node, kind: type) -> list:
     return node.ctx.coordinator.of_type(kind)
 
 
+async def _two_stages(wire: MemoryWire, nodes: list[Node], *, exact: bool = False) -> tuple[Node, Node]:
+    """Stage 0 on P0 and stage 1 on P1, loaded and ready (``exact``: fp32 activations between them:
+    int8 rows round a batch's float noise, which comparisons of two runs must not see)."""
+    first, last = _node(P0, wire), _node(P1, wire)
+    nodes.extend([first, last])
+    for node in (first, last):
+        await node.start_compute()
+        _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+    for stage, node in enumerate((first, last)):
+        welcome = _welcome(stage)
+        if exact:
+            welcome["run"]["activation_encoding"] = "fp32"
+        _send(node, welcome)
+    await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+    return first, last
+
+
+def _recording_acts(wire: MemoryWire) -> list[messages.Act]:
+    """Every ``Act`` the wire carries from now on, in order."""
+    acts: list[messages.Act] = []
+
+    def watch(src, dst, header, payload):
+        if isinstance(header, messages.Act):
+            acts.append(header)
+        return header, payload
+
+    wire.mangle = watch
+    return acts
+
+
 def _run(scenario, nodes: list[Node]) -> None:
     async def bounded():
         try:
@@ -132,24 +162,10 @@ def test_the_samples_of_a_prompt_share_one_prefill_and_decode_as_distinct_rows_d
     prompts gives; an upstream that sends ``expand`` on a step that continues a cache is struck."""
     wire = MemoryWire()
     nodes: list[Node] = []
-    acts: list[messages.Act] = []
-
-    def watch(src, dst, header, payload):
-        if isinstance(header, messages.Act):
-            acts.append(header)
-        return header, payload
-
-    wire.mangle = watch
+    acts = _recording_acts(wire)
 
     async def scenario():
-        first, last = _node(P0, wire), _node(P1, wire)
-        nodes.extend([first, last])
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-        _send(first, _welcome(0))
-        _send(last, _welcome(1))
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last = await _two_stages(wire, nodes)
         greedy = {**PARAMS, "temperature": 0.0, "max_new_tokens": 6}
         a, b = [1, 21, 19, 24, 15, 6, 7, 8, 9, 16], [1, 21, 19, 24, 15, 14, 5, 12, 6, 16]  # rev:1234= rev:9071=
         _send(first, {"type": "gen", "job": "distinct", "route": [P0, P1], "prompt_ids": [a, b], "params": greedy})
@@ -189,27 +205,12 @@ def test_rows_that_finished_leave_every_stages_cache_and_the_job_samples_what_it
 
     def run(drop_share: float) -> tuple[messages.GenDone, list[messages.Act]]:
         monkeypatch.setattr(rollout, "DROP_FINISHED_SHARE", drop_share)
-        wire, nodes, acts = MemoryWire(), [], []
-
-        def watch(src, dst, header, payload):
-            if isinstance(header, messages.Act):
-                acts.append(header)
-            return header, payload
-
-        wire.mangle = watch
+        wire, nodes = MemoryWire(), []
+        acts = _recording_acts(wire)
         result = []
 
         async def scenario():
-            first, last = _node(P0, wire), _node(P1, wire)
-            nodes.extend([first, last])
-            for node in nodes:
-                await node.start_compute()
-                _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-            for stage, node in enumerate(nodes):  # exact activations: int8 rows round a batch's float noise
-                welcome = _welcome(stage)
-                welcome["run"]["activation_encoding"] = "fp32"
-                _send(node, welcome)
-            await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+            first, last = await _two_stages(wire, nodes, exact=True)
             prompt = [1, 21, 19, 24, 15, 6, 7, 8, 9, 16]
             _send(first, {"type": "gen", "job": "g", "route": [P0, P1], "prompt_ids": [prompt] * 12,
                           "params": {**PARAMS, "temperature": 1.5, "max_new_tokens": 10, "seed": 11}})
@@ -236,16 +237,7 @@ def test_a_packed_micro_batch_trains_as_its_plain_rows_do():
     nodes: list[Node] = []
 
     async def scenario():
-        first, last = _node(P0, wire), _node(P1, wire)
-        nodes.extend([first, last])
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-        for stage, node in enumerate(nodes):
-            welcome = _welcome(stage)
-            welcome["run"]["activation_encoding"] = "fp32"
-            _send(node, welcome)
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last = await _two_stages(wire, nodes, exact=True)
         route = [P0, P1]
         plain = {"inputs": [[1, 5, 6, 9, 0], [1, 5, 6, 10, 11]], "targets": [[5, 6, 9, 2, 0], [5, 6, 10, 11, 2]],
                  "mask": [[False, False, True, True, False], [False, False, True, True, True]],
