@@ -91,6 +91,8 @@ REAL_MODEL_TIMEOUT_S = 600.0
 #: block to the system (a precaution after a SmolLM2 stage reached 8.4 GB RSS and was OOM-killed;
 #: its effect is not measured).
 DEMO_ENV = {"POLIS_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}
+#: seconds the final held-out eval gets at least after the time budget (more when this run's evals were slower)
+FINAL_EVAL_MIN_S = 240.0
 #: seconds over which the progress line's tokens/s is measured
 TOKEN_RATE_WINDOW_S = 30.0
 #: seconds a demo process gets to exit after SIGTERM before it is killed.
@@ -423,6 +425,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
     budget_s = args.minutes * 60.0
     finish_sent = False
     token_marks: deque[tuple[float, float]] = deque([(time.monotonic(), 0.0)])  # (when, tokens credited)
+    evals = EvalClock()
     stats = swarm.stats()
     last_print = 0.0
     while True:
@@ -433,6 +436,7 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
         stats = swarm.stats()
         now = time.monotonic()
         version_times.see(stats["version"], now)
+        evals.see(bool(stats["eval_running"]), now)
         elapsed = now - started
         if not args.quiet and now - last_print >= 5.0:
             # tokens are credited when a job's result is accepted (a real model's job takes seconds): a rate
@@ -453,8 +457,28 @@ def _watch(swarm: DemoSwarm, args: argparse.Namespace, started: float, out,
             done = [e for e in stats["evals"] if e["version"] >= final_version and e["version"] > 0]
             if (done or final_version == 0 and stats["evals"]) and not stats["eval_running"]:
                 return stats  # no step at all (e.g. every group had one reward): version 0 is the final policy
-            if elapsed > budget_s + 240:
-                raise RuntimeError("the final eval did not finish within 4 minutes")
+            if elapsed > budget_s + evals.final_allowance_s():
+                raise RuntimeError(f"the final eval did not finish within {evals.final_allowance_s():.0f} s "
+                                   f"(the longest eval of this run took {evals.longest_s:.0f} s)")
+
+
+class EvalClock:
+    """How long this run's held-out evals take, from the coordinator's ``eval_running`` as polled: the
+    final eval gets ``FINAL_EVAL_MIN_S`` or twice the longest seen, whichever is more (a multi-turn
+    eval of a real model takes minutes, the tiny base's a second)."""
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+        self._since: float | None = None
+
+    def see(self, running: bool, now: float) -> None:
+        if running and self._since is None:
+            self._since = now
+        elif not running and self._since is not None:
+            self.longest_s, self._since = max(self.longest_s, now - self._since), None
+
+    def final_allowance_s(self) -> float:
+        return max(FINAL_EVAL_MIN_S, 2.0 * self.longest_s)
 
 
 def _summary(stats: dict[str, Any], seconds: float, args: argparse.Namespace,
