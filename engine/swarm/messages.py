@@ -343,6 +343,7 @@ class Stepped(WireMessage, frozen=True, tag="stepped"):
     dense_bytes: ByteCount  # what fp32 would have taken
     checkpoint_path: FilePath | None  # stage checkpoint written at this step, if any
     weights_hash: Digest | None = None  # of the stage's full trainable weights (the replicas' vote)
+    skipped: bool = False  # the aggregate was not finite: not applied, weights kept (``grad_norm`` 0)
 
 
 class StreamReport(WireRecord, frozen=True):

@@ -168,7 +168,9 @@ class ReplicaStep:
         await ctx.coordinator.send(messages.Stepped(step=step, version=version, grad_norm=float(norm),
                                                     checksum=float(checksum), weights_hash=digest,
                                                     update_bytes=int(update_bytes),
-                                                    dense_bytes=int(dense), checkpoint_path=path))
+                                                    dense_bytes=int(dense), checkpoint_path=path,
+                                                    # a runtime that cannot skip (a test's stand-in) says nothing
+                                                    skipped=bool(getattr(rt, "last_step_skipped", False))))
         self._after_step(msg)
         ctx.on_status()
 

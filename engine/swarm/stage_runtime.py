@@ -54,6 +54,8 @@ class StageRuntime:
         self.optimizer: OptimizerConfig | None = None  #: the loaded stage's (for what save_stage records)
         self.base_dir: str | None = None  #: the base checkpoint the stage was cut from, when loaded from one
         self.version = 0
+        #: whether the last :meth:`apply` skipped a non-finite aggregate (weights kept)
+        self.last_step_skipped = False
         # Create the backend now: it detects the device (for the user) and is reused by the first load.
         self._fresh: StageBackend | None = self._create()
         self.device_description = self._fresh.device
@@ -225,7 +227,8 @@ class StageRuntime:
 
         A non-finite aggregate (an overflowing or poisoned share) is not applied: the
         weights stay as they are, the step is logged as skipped and 0.0 is returned;
-        every replica aggregates the same shares, so all of them skip it alike."""
+        every replica aggregates the same shares, so all of them skip it alike
+        (``last_step_skipped`` says which happened)."""
         backend = self._b()
         norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in aggregated.values()))) \
             if unit_norm is None else float(unit_norm)
@@ -234,7 +237,9 @@ class StageRuntime:
                         self.spec.stage_index if self.spec else -1, version)
             backend.zero_grad()
             self.version = version
+            self.last_step_skipped = True
             return 0.0
+        self.last_step_skipped = False
         backend.set_grads(aggregated)
         backend.step(clip_scale(norm, max_grad_norm))
         self.version = version

@@ -21,7 +21,9 @@
    waited for one micro-batch deadline after the others, not the step's) the version advances
    and is recorded, and each stage's full-weight digests go to the links' majority vote (a replica
    whose digest is the one decided is credited the step, ``engine.swarm.credit``; under DiLoCo only
-   sync versions are voted, so only they are credited).
+   sync versions are voted, so only they are credited). The step log keeps per stage what its
+   replicas reported (:func:`stage_figures`: gradient norm, a skipped non-finite aggregate, the
+   decided digest); skipped ones are counted (``skipped_updates``).
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -86,6 +88,22 @@ def lineage_routes(generators: Sequence[str | None], audit_routes: Sequence[Rout
     return out
 
 
+def stage_figures(stage_replicas: Sequence[Sequence[str]], reports: dict[str, messages.Stepped],
+                  decided: dict[int, str | None]) -> list[dict]:
+    """Per stage, what its replicas' ``stepped`` said of one update: how many reported, the median of
+    their pre-clip gradient norms (every replica computes the same aggregate: the median keeps one
+    replica's word out), whether most of them skipped a non-finite aggregate (weights kept), and the
+    weights digest the vote decided (``decided``; None: no vote or no majority)."""
+    out = []
+    for stage, replicas in enumerate(stage_replicas):
+        seen = [reports[p] for p in replicas if p in reports]
+        out.append({"replicas": len(seen),
+                    "grad_norm": float(np.median([m.grad_norm for m in seen])) if seen else None,
+                    "skipped": 2 * sum(m.skipped for m in seen) > len(seen),
+                    "weights_hash": decided.get(stage)})
+    return out
+
+
 class StepRunner:
     """Training steps of one run. Lives on the coordinator's event loop."""
 
@@ -113,6 +131,8 @@ class StepRunner:
         self._mb_losses: dict[int, list[messages.MbLoss]] = defaultdict(list)
         self._stepped: dict[int, dict[str, messages.Stepped]] = defaultdict(dict)
         self._stepped_event = asyncio.Event()
+        #: per applied step, what each stage's ``stepped`` said of it (:func:`stage_figures`), for its step log
+        self._stage_figures: dict[int, list[dict]] = {}
         #: rollouts whose batch failed once for a reason other than a refusal (a second failure quarantines)
         self._failed_once: set[int] = set()
 
@@ -263,6 +283,8 @@ class StepRunner:
             "masked_fraction": float(np.mean([x.masked_fraction for x in losses])) if losses else 0.0,
             "ess": float(np.mean([x.ess for x in losses])) if losses else 1.0,
             "loss": float(np.sum([x.loss for x in losses])) if losses else 0.0,
+            # per stage: replicas that stepped, the pre-clip gradient norm, skipped (non-finite), weights digest
+            "stages": self._stage_figures.pop(step, []),
         }
         # the stats API's "steps" are these entries, read back a page at a time (engine.swarm.stats_view)
         self.store.record_version(version, reward_mean=entry["reward"], samples=int(mini.num_samples), info=entry)
@@ -392,14 +414,20 @@ class StepRunner:
         for m in reports.values():
             self.update_bytes += m.update_bytes
             self.dense_update_bytes += m.dense_bytes
-        await self._check_replicas(reports, version)
+        replicas = self.links.stage_replicas()  # as they stepped (the vote may evict one)
+        decided = await self._check_replicas(reports, version)
+        figures = stage_figures(replicas, reports, decided)
+        self.book.counters["skipped_updates"] += sum(f["skipped"] for f in figures)
+        self._stage_figures = {step: figures}
         return True
 
-    async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> None:
+    async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> dict[int, str | None]:
         """Replicas of a stage must hold equal weights (under DiLoCo only right after a sync,
         ``RunConfig.replica_sync``): their full-weight digests are put to a vote
-        (``engine.swarm.weight_votes``; outvoted replicas are resynced from the majority)."""
+        (``engine.swarm.weight_votes``; outvoted replicas are resynced from the majority).
+        Returns per stage the digest the vote decided (None: no vote, or no majority)."""
         agree = self.run.replica_sync.synced_at(version)
+        out: dict[int, str | None] = {}
         for stage, replicas in enumerate(self.links.stage_replicas()):
             seen = [(p, reports[p]) for p in replicas if p in reports]
             for _, m in seen:
@@ -411,9 +439,11 @@ class StepRunner:
             # a lone replica's digest is recorded too: `polis export --coordinator` checks fetched weights by it
             if agree and (len(seen) >= 2 or any(m.weights_hash for _, m in seen)):
                 decided = await self.links.check_weights(stage, {p: m.weights_hash for p, m in seen}, version)
+                out[stage] = decided
                 # verified credit: a step counts for the replicas whose weights are the ones the vote decided
                 self.book.credit.add([p for p, m in seen if decided is not None and m.weights_hash == decided],
                                      steps_applied=1)
+        return out
 
     def checkpoint_of(self, stage: int, version: int) -> str | None:
         """The stage checkpoint holding exactly ``version`` (None: there is none; at version 0 the

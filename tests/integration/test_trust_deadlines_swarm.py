@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tests.integration.swarm_harness import Swarm
+from tests.support.swarm_evidence import ready_peers
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -43,10 +44,6 @@ HOSTILE_WINDOW_S = 120.0
 START_TIMEOUT_S = 180.0
 
 
-def _ready(stats: dict) -> set[str]:
-    return {n["peer_id"] for n in stats.get("nodes", []) if n["ready"]}
-
-
 def _window(swarm: Swarm, seconds: float, watch: dict[str, str] | None = None) -> tuple[float, dict, dict]:
     """Versions per minute over the next ``seconds``; for each watched peer id when it was first
     ready and when it last left the ready nodes (None: never / still ready), relative to the start."""
@@ -59,7 +56,7 @@ def _window(swarm: Swarm, seconds: float, watch: dict[str, str] | None = None) -
         time.sleep(0.5)
         stats = swarm.stats() or stats
         now = time.monotonic()
-        ready = _ready(stats)
+        ready = ready_peers(stats)
         for name, peer in watch.items():
             if peer in ready:
                 if seen[name]["ready_at"] is None:
@@ -80,7 +77,7 @@ def test_peers_that_ignore_train_in_stop_reading_or_stop_draining_cost_under_hal
         hostile = {name: swarm.peer_id(name) for name in HOSTILE}
         for name in HONEST:
             swarm.start_node(name)
-        swarm.wait(lambda s: _ready(s) >= honest and s["evals"] and s["version"] >= WARM_VERSIONS,
+        swarm.wait(lambda s: ready_peers(s) >= honest and s["evals"] and s["version"] >= WARM_VERSIONS,
                    timeout_s=START_TIMEOUT_S, what=f"four honest nodes to train {WARM_VERSIONS} versions")
         warm_s = time.monotonic() - began
         clean_pace, _, _ = _window(swarm, CLEAN_WINDOW_S)
@@ -98,6 +95,6 @@ def test_peers_that_ignore_train_in_stop_reading_or_stop_draining_cost_under_hal
     for name, times in seen.items():
         assert times["ready_at"] is not None and times["gone_at"] is not None, (name, seen, stats.get("counters"))
         assert times["gone_at"] - times["ready_at"] <= 2 * STEP_TIMEOUT_S + 2.0, (name, seen)
-    ready = _ready(stats)
+    ready = ready_peers(stats)
     assert not ready & set(hostile.values()), (ready, hostile)  # none of them got back in
     assert honest <= ready, (honest - ready, swarm.log_tails())  # no honest node was evicted

@@ -13,7 +13,8 @@ whatever the misbehaviour needs; it never computes anything.
 
 In-process misbehaviours of a real ``engine.swarm.node.Node`` are separate small pieces below
 (each named for what it does): :class:`ServesRandomWeights` / :func:`claim_honest_digest`
-(finding 3), :func:`forged_drop` / :func:`forged_grad` (finding 5).
+(finding 3), :func:`forged_result` (finding 4), :func:`forged_drop` / :func:`forged_grad`
+(finding 5), :func:`poisoned_share` (finding 6).
 
 What it does not know: what the real node computes (``engine.swarm.node``); why a test wants a liar.
 """
@@ -44,10 +45,24 @@ MISBEHAVIOURS = {
                              "their digest",
     "forges_routes": "for the first activations it gets, sends every other member forged 'drop's and "
                      "'grad's (routes it wrote itself, no ticket) for that job and its neighbours",
+    "forges_rollouts": "as a last stage, forges its gen_done results, one forgery per result in turn "
+                       "(forged_result): ids beyond the vocabulary after a stop id, version 2^40, "
+                       "behaviour log-probs of -40 on every token",
+    "poisons_shares": "sends (and aggregates) its gradient share x10, sign-flipped x10 and as noise of 10x its "
+                      "norm, one attack per step in turn (poisoned_share)",
+    "overflows_shares": "sends (and aggregates) a gradient share of 3e38 in every entry (poisoned_share): two "
+                        "such replicas of three overflow fp32",
 }
 
 #: forgery rounds of a ``forges_routes`` node (bounded: each forgery is a strike at its receiver)
 FORGERY_ROUNDS = 3
+#: what a ``forges_rollouts`` node does to its results, in turn: the first two break a rule of the
+#: coordinator's ingestion (``engine.swarm.rollout_checks``), the third only the log-prob audit sees
+ROLLOUT_FORGERIES = ("ids_after_stop", "future_version", "forged_logprobs")
+#: behaviour log-prob a forged result reports on every token (blows up exp(p - b) if trained on)
+FORGED_LOGPROB = -40.0
+#: the attack of a share-poisoning node at each step, in turn (``engine.bench.trust.attacked``)
+SHARE_ATTACKS = {"poisons_shares": ("x10", "flip_x10", "noise"), "overflows_shares": ("3e38",)}
 
 #: an honest-looking hello of a fresh node (override any field to lie)
 HONEST_HELLO: dict[str, Any] = {"backend": "torch", "device": "cpu", "max_layers": None, "stage": None,
@@ -139,6 +154,40 @@ def claim_honest_digest(node: Any) -> None:
     node.replicas._fingerprints = honest
 
 
+# ---------------------------------------------------------------- misbehaviour: forged rollouts (finding 4)
+def forged_result(done: Any, forgery: str, *, vocab_size: int, stop_id: int) -> Any:
+    """The ``gen_done`` ``done`` with one of :data:`ROLLOUT_FORGERIES`: every row cut after its first
+    ``stop_id`` (one added where it has none) and two ids beyond the vocabulary appended; every
+    stage's version 2^40 (the largest the wire allows); or every behaviour log-prob
+    :data:`FORGED_LOGPROB` (ids and versions honest: no ingestion rule can tell)."""
+    from engine.swarm import messages
+
+    if forgery == "ids_after_stop":
+        cut = [row[:row.index(stop_id) + 1] if stop_id in row else [*row, stop_id] for row in done.tokens]
+        tokens = [[*row, vocab_size, vocab_size + 1] for row in cut]
+        kept = [list(lps[:len(row)]) for row, lps in zip(cut, done.logprobs)]
+        logprobs = [[*lps, *[-1.0] * (len(row) - len(lps))] for row, lps in zip(tokens, kept)]
+        return messages.GenDone(job=done.job, tokens=tokens, logprobs=logprobs, versions=done.versions)
+    if forgery == "future_version":
+        return messages.GenDone(job=done.job, tokens=done.tokens, logprobs=done.logprobs,
+                                versions=[2**40] * len(done.versions))
+    if forgery == "forged_logprobs":
+        return messages.GenDone(job=done.job, tokens=done.tokens, versions=done.versions,
+                                logprobs=[[FORGED_LOGPROB] * len(lps) for lps in done.logprobs])
+    raise ValueError(f"unknown forgery {forgery!r}; choose from {', '.join(ROLLOUT_FORGERIES)}")
+
+
+# ---------------------------------------------------------------- misbehaviour: poisoned shares (finding 6)
+def poisoned_share(grads: dict, attack: str, rng: Any) -> dict:
+    """What a hostile replica puts in its gradient share instead of ``grads`` (the bench's attacks:
+    ``engine.bench.trust.attacked``), as float32 like an honest share."""
+    import numpy as np
+
+    from engine.bench.trust import attacked
+
+    return {name: np.asarray(g, dtype=np.float32) for name, g in attacked(grads, attack, rng).items()}
+
+
 # ---------------------------------------------------------------- misbehaviour: forged routes (finding 5)
 def forged_drop(job: str, route: list[str]) -> Any:
     """A ``drop`` of someone else's generation job along a ``route`` the sender wrote itself
@@ -222,6 +271,11 @@ def _patch(misbehaviour: str) -> None:
                     ws._conn.transport.pause_reading()
     Node._ready = ready
 
+    if misbehaviour == "forges_rollouts":
+        _forge_rollouts(armed)
+    elif misbehaviour in SHARE_ATTACKS:
+        _poison_shares(armed, SHARE_ATTACKS[misbehaviour])
+
     if misbehaviour == "forges_routes":
         honest_on_peer, rounds = Node.on_peer, [0]
 
@@ -260,6 +314,55 @@ def _patch(misbehaviour: str) -> None:
             if not armed.is_set():
                 await honest_receive(self, chunk)
         RTCSctpTransport._receive_chunk = receive_chunk
+
+
+def _forge_rollouts(armed: asyncio.Event) -> None:
+    """Once ``armed``, every ``gen_done`` this process sends carries the next of :data:`ROLLOUT_FORGERIES`
+    (the last stage learns each job's stop ids from its sampling parameters)."""
+    from engine.swarm import messages
+    from engine.swarm.coordinator_session import CoordinatorSession
+    from engine.swarm.generation import Generation
+
+    stops: dict[str, int] = {}
+    vocab: list[int] = []
+    honest_sample, honest_send, sent = Generation._sample, CoordinatorSession.send, [0]
+
+    async def sample(self, job, route, params, *args, **kwargs) -> None:
+        if params is not None and params.stop_ids:
+            if len(stops) > 4096:
+                stops.clear()
+            stops[job] = int(params.stop_ids[0])
+            if not vocab:
+                vocab.append(int(self.ctx.stage.rt.vocab_size))
+        await honest_sample(self, job, route, params, *args, **kwargs)
+
+    async def send(self, message) -> None:
+        if armed.is_set() and isinstance(message, messages.GenDone) and message.job in stops and vocab:
+            forgery = ROLLOUT_FORGERIES[sent[0] % len(ROLLOUT_FORGERIES)]
+            sent[0] += 1
+            message = forged_result(message, forgery, vocab_size=vocab[0], stop_id=stops.pop(message.job))
+            log.warning("hostile node forged its result of %s: %s", message.job, forgery)
+        await honest_send(self, message)
+    Generation._sample, CoordinatorSession.send = sample, send
+
+
+def _poison_shares(armed: asyncio.Event, attacks: tuple[str, ...]) -> None:
+    """Once ``armed``, the gradient this process compresses for its share (and its own part of the
+    aggregate, so it steps like its honest siblings) is the next of ``attacks``, one per step."""
+    import numpy as np
+
+    from engine.swarm.replica_sync import ReplicaCompressor
+
+    honest_compress, rng, steps = ReplicaCompressor.compress, np.random.default_rng(666), [0]
+
+    def compress(self, grads):
+        if armed.is_set():
+            attack = attacks[steps[0] % len(attacks)]
+            steps[0] += 1
+            grads = poisoned_share(dict(grads), attack, rng)
+            log.warning("hostile replica poisoned its gradient share: %s", attack)
+        return honest_compress(self, grads)
+    ReplicaCompressor.compress = compress
 
 
 def main(argv: list[str]) -> int:

@@ -58,10 +58,10 @@ def test_a_non_finite_aggregated_gradient_is_skipped_and_the_weights_kept():
     poisoned = {name: np.full(value.shape, 3e38, dtype=np.float32) for name, value in before.items()}
     poisoned[next(iter(poisoned))][0] = np.nan
     assert rt.apply(poisoned, max_grad_norm=1.0, version=9) == 0.0
-    assert rt.version == 9
+    assert rt.version == 9 and rt.last_step_skipped  # what its `stepped` tells the coordinator
     for name, value in rt.state_dict().items():
         np.testing.assert_array_equal(value, before[name])
     finite = {name: np.full(value.shape, 1e-3, dtype=np.float32) for name, value in before.items()}
-    assert rt.apply(finite, max_grad_norm=1.0, version=10) > 0
+    assert rt.apply(finite, max_grad_norm=1.0, version=10) > 0 and not rt.last_step_skipped
     assert any(not np.array_equal(rt.state_dict()[n], before[n]) for n in before)
     rt.close()

@@ -67,3 +67,19 @@ def test_a_non_finite_share_is_skipped_and_colluders_past_fp32_range_make_the_st
     colluded = aggregate({"a": {"w": a}, "x": {"w": huge}, "y": {"w": huge}})["w"]
     assert not np.isfinite(colluded).all()  # the stage's apply skips a non-finite aggregate
     assert np.isnan(aggregate({"x": {"w": nan}})["w"]).all()
+
+
+def test_the_step_log_keeps_each_stages_median_gradient_norm_its_skip_and_the_decided_digest():
+    from engine.swarm.messages import Stepped
+    from engine.swarm.step_runner import stage_figures
+
+    def stepped(norm: float, skipped: bool = False) -> Stepped:
+        return Stepped(step=4, version=5, grad_norm=norm, checksum=1.0, update_bytes=0, dense_bytes=0,
+                       checkpoint_path=None, weights_hash="ab" * 16, skipped=skipped)
+
+    reports = {"a": stepped(1.0), "b": stepped(1.2), "liar": stepped(1e9), "c": stepped(0.0, True),
+               "d": stepped(0.0, True), "e": stepped(3.0)}
+    figures = stage_figures([["a", "b", "liar"], ["c", "d", "e"], ["gone"]], reports, {0: "ab" * 16, 1: None})
+    assert figures[0] == {"replicas": 3, "grad_norm": 1.2, "skipped": False, "weights_hash": "ab" * 16}
+    assert figures[1]["skipped"] and figures[1]["grad_norm"] == 0.0 and figures[1]["weights_hash"] is None
+    assert figures[2] == {"replicas": 0, "grad_norm": None, "skipped": False, "weights_hash": None}

@@ -31,6 +31,24 @@ def test_check_result_refuses_what_no_honest_sampler_sends_and_cuts_at_the_stop_
             check_result(tokens, logprobs, versions, LIMITS, current_version=0)
 
 
+def test_the_hostile_nodes_forged_results_break_an_ingestion_rule_or_only_the_log_probs():
+    """What ``tests.support.hostile_node``'s ``forges_rollouts`` sends: the first two forgeries are
+    refused at ingestion, the third passes it (only the log-prob audit can catch it)."""
+    from tests.support.hostile_node import FORGED_LOGPROB, ROLLOUT_FORGERIES, forged_result
+
+    honest = messages.GenDone(job="t3", tokens=[[5, 6, 2], [7, 7, 7]], logprobs=[[-0.5, -0.2, 0.0], [-1.0] * 3],
+                              versions=[3, 3])
+    forged = {f: forged_result(honest, f, vocab_size=LIMITS.vocab_size, stop_id=2) for f in ROLLOUT_FORGERIES}
+    for forgery, why in (("ids_after_stop", "vocabulary"), ("future_version", "version")):
+        m = forged[forgery]
+        with pytest.raises(RefusedResult, match=why):
+            check_result(m.tokens, m.logprobs, m.versions, LIMITS, current_version=3)
+    assert forged["ids_after_stop"].tokens == [[5, 6, 2, 40, 41], [7, 7, 7, 2, 40, 41]]
+    m = forged["forged_logprobs"]
+    passed = check_result(m.tokens, m.logprobs, m.versions, LIMITS, current_version=3)
+    assert passed.tokens == [[5, 6, 2], [7, 7, 7]] and {lp for row in passed.logprobs for lp in row} == {FORGED_LOGPROB}
+
+
 @pytest.fixture()
 def parts(tmp_path):
     p = scheduling_parts(tmp_path / "c.db", RecordingLinks(ROUTE))
