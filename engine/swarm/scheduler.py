@@ -24,9 +24,14 @@ seed) on the fastest other route. The first checked result wins; the other job l
 at once (a late result of it is an unexpected result, never scored twice) and its route is told
 to stop (``gen_release`` with ``cancel``). A hedged job that fails leaves its twin to carry the rows.
 
+Requests from outside the run (``engine.swarm.serve_queue``, fed by the OpenAI-compatible
+endpoint) go first: each is one job of kind ``serve`` whose rows are its ``n`` samples, sampled as
+the request asks over exact activations, checked like any result and handed back to its caller;
+it is never scored, stored or trained on (its tokens earn the route the same verified credit).
+
 A job whose route loses a node, times out or comes back malformed is failed and its prompts
-are queued again. It reaches nodes only through ``NodeLinks.send`` and never sees
-activations or weights. What it does not know: training steps, websockets.
+are queued again (a serve job's request, while its deadline allows). It reaches nodes only through
+``NodeLinks.send`` and never sees activations or weights. What it does not know: training steps, websockets.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ import itertools
 import logging
 import time
 from collections import Counter, defaultdict, deque
+from typing import Sequence
 
 import numpy as np
 
-from engine.rl.episode_outcome import EpisodeOutcome
+from engine.rl.episode_outcome import EpisodeOutcome, EvalScore, OneTurnEpisode, one_turn_outcome
 from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
@@ -50,6 +56,7 @@ from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_resu
 from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.serve_queue import ServeQueue, ServeRequest
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -109,6 +116,8 @@ class GenerationScheduler:
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
         #: the latest finished training episodes' outcomes (for the shortcut monitor)
         self.outcomes: deque = deque(maxlen=MAX_OUTCOMES)
+        #: requests from outside the run (``engine.swarm.openai_api``): served before evals and training
+        self.serve = ServeQueue()
         self.turns = TurnDriver(links, self.jobs, book.counters, params=self._params,
                                 on_batch_done=self._batch_done, on_batch_failed=self._batch_failed)
 
@@ -179,10 +188,15 @@ class GenerationScheduler:
         task.add_done_callback(self._cancels.discard)
 
     def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
-        """Sampling settings of a job's turn (evals decode greedily over exact activations); the seed
-        follows the job id."""
+        """Sampling settings of a job's turn (evals decode greedily over exact activations; a serve job
+        samples as its request asks, over exact activations too); the seed follows the job id."""
         greedy = kind == "eval"
         seed = int(np.random.default_rng([self.run.seed, *job_id.encode()]).integers(2**62))
+        served = self.serve.request_of(job_id) if kind == "serve" else None
+        if served is not None:
+            return messages.GenParams(max_new_tokens=max_new_tokens, temperature=served.temperature,
+                                      top_p=max(served.top_p, 1e-6), seed=seed if served.seed is None else served.seed,
+                                      stop_ids=list(self.task.stop_ids), exact_activations=True)
         return messages.GenParams(max_new_tokens=max_new_tokens,
                                   temperature=0.0 if greedy else self.run.sampling.temperature,
                                   top_p=1.0 if greedy else self.run.sampling.top_p, seed=seed,
@@ -190,6 +204,9 @@ class GenerationScheduler:
 
     def _next_job(self, route: list[str]) -> messages.Gen | None:
         max_new = self.run.sampling.max_new_tokens
+        served = self.serve.next_request()
+        if served is not None:
+            return self._serve_job(route, served)
         prompts = self.evals.next_batch()
         if prompts is not None:
             job_id = self._next_job_id("eval")
@@ -213,6 +230,22 @@ class GenerationScheduler:
         ids = [list(b.episodes[i].context_ids) for b, i in rows]
         budget = min(b.episodes[i].budget for b, i in rows)
         return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=self._params(job.kind, job.job, budget))
+
+    def _serve_job(self, route: list[str], request: ServeRequest) -> messages.Gen:
+        """An external request as one generation job of kind ``serve``: ``n`` rows of its prompt, never
+        scored, stored or trained on (``_batch_done`` hands the ids back to ``self.serve``)."""
+        job_id = self._next_job_id("serve")
+        self.serve.dispatched(job_id, request)
+
+        def unscored(ids: Sequence[int], logprobs: Sequence[float]) -> EpisodeOutcome:
+            return one_turn_outcome(ids, logprobs, 0.0, EvalScore(0.0, 0.0), {}, "", None, "", "")
+
+        episodes = [OneTurnEpisode(request.prompt_ids, request.max_new_tokens, unscored) for _ in range(request.n)]
+        batch = EpisodeBatch(job_id, "serve", [], list(episodes), [None] * request.n)
+        job = TurnJob(job_id, route, "serve", [(batch, i) for i in range(request.n)])
+        self.jobs[job_id] = job
+        return messages.Gen(job=job_id, route=route, prompt_ids=[list(request.prompt_ids)] * request.n,
+                            params=self._params("serve", job_id, request.max_new_tokens))
 
     def _train_groups_in_flight(self) -> int:
         return len({id(b) for j in self.jobs.values() if j.kind == "train" for b, _ in j.rows})
@@ -271,6 +304,10 @@ class GenerationScheduler:
         outcomes = [ep.outcome for ep in b.episodes]
         assert all(o is not None for o in outcomes)
         versions = [v if v is not None else [self.book.version] for v in b.versions]
+        if b.kind == "serve":
+            lowest = [min(v[s] for v in versions) for s in range(len(versions[0]))]
+            self.serve.finished(b.key, [o.completion_ids for o in outcomes], lowest)  # type: ignore[union-attr]
+            return
         if b.kind == "eval":
             lowest = [min(v[s] for v in versions) for s in range(len(versions[0]))]
             self.evals.on_scores(b.key, [o.score for o in outcomes], lowest)  # type: ignore[union-attr]
@@ -295,6 +332,8 @@ class GenerationScheduler:
     def _batch_failed(self, b: EpisodeBatch) -> None:
         if b.kind == "train":
             self._retry_prompts.extend(b.prompts)
+        elif b.kind == "serve":
+            self.serve.failed(b.key, "its episodes were given up")
         else:
             self.evals.on_failed(b.key)
 
@@ -324,6 +363,8 @@ class GenerationScheduler:
             b.closed = True
         if job.kind == "train":
             self._retry_prompts.extend(job.prompts)
+        elif job.kind == "serve":
+            self.serve.failed(job_id, reason)
         else:
             self.evals.on_failed(job_id)
 
@@ -333,6 +374,7 @@ class GenerationScheduler:
             self._fail_job(job_id, f"node {peer_id} left")
 
     def expire_jobs(self) -> None:
+        self.serve.expire()
         cutoff = time.monotonic() - self.job_timeout_s
         for job_id in [j for j, job in self.jobs.items() if job.dispatched < cutoff]:
             self._fail_job(job_id, "timed out")
