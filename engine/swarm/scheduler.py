@@ -25,9 +25,10 @@ at once (a late result of it is an unexpected result, never scored twice) and it
 to stop (``gen_release`` with ``cancel``). A hedged job that fails leaves its twin to carry the rows.
 
 Requests from outside the run (``engine.swarm.serve_queue``, fed by the OpenAI-compatible
-endpoint) go first: each is one job of kind ``serve`` whose rows are its ``n`` samples, sampled as
-the request asks over exact activations, checked like any result and handed back to its caller;
-it is never scored, stored or trained on (its tokens earn the route the same verified credit).
+endpoint) go first, up to ``SERVE_IN_FLIGHT`` beyond a route's budget: each is one job of kind
+``serve`` whose rows are its ``n`` samples, sampled as the request asks over exact activations,
+checked like any result and handed back to its caller; it is never scored, stored or trained on
+(its tokens earn the route the same verified credit).
 
 A job whose route loses a node, times out or comes back malformed is failed and its prompts
 are queued again (a serve job's request, while its deadline allows). It reaches nodes only through
@@ -69,6 +70,8 @@ MAX_SAMPLE_CHARS = 400
 MAX_SAMPLE_TURNS = 8
 #: finished training episodes kept for the shortcut monitor (``engine.swarm.rollout_monitor``)
 MAX_OUTCOMES = 512
+#: serve jobs a route may run beyond its in-flight budget (an external request does not wait for a training job)
+SERVE_IN_FLIGHT = 4
 
 
 def sample_record(outcome: EpisodeOutcome, version: int) -> dict:
@@ -125,23 +128,37 @@ class GenerationScheduler:
         return f"{kind[0]}{next(self._job_ids)}"
 
     async def fill(self) -> None:
-        """Dispatch generation (eval first) up to the in-flight budget of every route, each next job
-        to the route that would finish it soonest (``engine.swarm.route_weights``), then hedge stragglers."""
+        """Dispatch generation up to the in-flight budget of every route, each next job to the route that
+        would finish it soonest (``engine.swarm.route_weights``): external requests first (up to
+        ``SERVE_IN_FLIGHT`` over a route's budget: they are small and someone waits), then evals, then
+        training; then hedge stragglers."""
         routes = self.links.gen_routes()
         if not routes:
             return
         load = Counter(tuple(j.route) for j in self.jobs.values())
         limits = {tuple(r): self.pacer.limit(r, self.run.generations_in_flight) for r in routes}
+        serve_limits = {r: n + SERVE_IN_FLIGHT for r, n in limits.items()}
+        while len(self.serve) and (route := self.weights.pick_gen_route(routes, load, serve_limits)) is not None:
+            request = self.serve.next_request()
+            if request is None:
+                break
+            if not await self._dispatch(route, self._serve_job(route, request), load):
+                serve_limits[tuple(route)] = 0
         while (route := self.weights.pick_gen_route(routes, load, limits)) is not None:
             message = self._next_job(route)
             if message is None:
                 break
-            load[tuple(route)] += 1
-            self.weights.gen_started(message.job, route, load[tuple(route)])
-            if not await self.links.send(route[0], message):
-                self._fail_job(message.job, "first stage unreachable")
+            if not await self._dispatch(route, message, load):
                 limits[tuple(route)] = 0  # not again in this fill
         await self._hedge(routes, load)
+
+    async def _dispatch(self, route: list[str], message: messages.Gen, load: Counter) -> bool:
+        load[tuple(route)] += 1
+        self.weights.gen_started(message.job, route, load[tuple(route)])
+        if await self.links.send(route[0], message):
+            return True
+        self._fail_job(message.job, "first stage unreachable")
+        return False
 
     async def _hedge(self, routes: list[list[str]], load: Counter) -> None:
         """Duplicate each straggling first-turn job on the fastest other route; the first result
@@ -204,9 +221,6 @@ class GenerationScheduler:
 
     def _next_job(self, route: list[str]) -> messages.Gen | None:
         max_new = self.run.sampling.max_new_tokens
-        served = self.serve.next_request()
-        if served is not None:
-            return self._serve_job(route, served)
         prompts = self.evals.next_batch()
         if prompts is not None:
             job_id = self._next_job_id("eval")

@@ -26,7 +26,7 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.openai_api import OpenAIEndpoint
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
-from engine.swarm.scheduler import GenerationScheduler
+from engine.swarm.scheduler import SERVE_IN_FLIGHT, GenerationScheduler
 from engine.swarm.serve_queue import ServeQueue, ServeRefused, ServeRequest
 from engine.swarm.store import Store
 from tests.support.recording_links import RecordingLinks
@@ -87,6 +87,25 @@ def test_a_chat_request_renders_with_the_models_template_and_becomes_a_serve_job
     p = job.params
     assert (p.max_new_tokens, p.temperature, p.top_p, p.seed, p.exact_activations) == (10, 0.3, 0.9, 2**63 - 5, True)
     assert p.stop_ids == list(task.stop_ids) and generation.jobs[job.job].kind == "serve"
+
+
+def test_a_request_does_not_wait_behind_a_route_full_of_other_jobs_but_its_extra_room_is_bounded(serving):
+    _, generation, endpoint, _, links = serving
+
+    generation.pacer.limit = lambda route, cap: 1  # type: ignore[method-assign]  # a budget of one job
+
+    async def main():
+        await generation.fill()  # the route's budget: one eval job
+        others = len(generation.jobs)
+        for _ in range(SERVE_IN_FLIGHT + 2):
+            endpoint.serve_request(_request())
+        await generation.fill()
+        return others
+
+    others = asyncio.run(main())
+    serving_jobs = [j for j in generation.jobs.values() if j.kind == "serve"]
+    assert others == 1
+    assert len(serving_jobs) == SERVE_IN_FLIGHT and len(generation.serve) == 2  # the rest wait their turn
 
 
 def test_a_serve_result_becomes_an_openai_completion_and_is_never_stored_as_a_rollout(serving):
