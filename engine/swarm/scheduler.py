@@ -198,11 +198,26 @@ class GenerationScheduler:
         if twin is None:
             return
         self.book.counters["hedges_cancelled"] += 1
-        message = messages.GenRelease(job=twin.job, route=twin.route, cancel=True)
-        task = asyncio.get_running_loop().create_task(self.links.send(twin.route[0], message),
-                                                      name=f"polis-coord-cancel-{twin.job}")
+        self._stop_on_route(twin)
+
+    def _stop_on_route(self, job: TurnJob) -> None:
+        """Tell ``job``'s route to stop decoding it (its result is no longer wanted)."""
+        message = messages.GenRelease(job=job.job, route=job.route, cancel=True)
+        task = asyncio.get_running_loop().create_task(self.links.send(job.route[0], message),
+                                                      name=f"polis-coord-cancel-{job.job}")
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
+
+    def _drop_abandoned_serve_jobs(self) -> None:
+        """Serve jobs whose caller stopped waiting (deadline, disconnect) leave the books and their
+        route stops decoding them, so they hold no slot until the job timeout."""
+        wanted = self.serve.request_of
+        for job in [j for j in self.jobs.values() if j.kind == "serve" and wanted(j.rows[0][0].key) is None]:
+            del self.jobs[job.job]
+            self._twins.pop(job.job, None)
+            self.weights.gen_abandoned(job.job)
+            self.book.counters["serve_jobs_abandoned"] += 1
+            self._stop_on_route(job)
 
     def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
         """Sampling settings of a job's turn (evals decode greedily over exact activations; a serve job
@@ -389,6 +404,7 @@ class GenerationScheduler:
 
     def expire_jobs(self) -> None:
         self.serve.expire()
+        self._drop_abandoned_serve_jobs()
         cutoff = time.monotonic() - self.job_timeout_s
         for job_id in [j for j, job in self.jobs.items() if job.dispatched < cutoff]:
             self._fail_job(job_id, "timed out")

@@ -161,6 +161,25 @@ def test_a_failed_serve_job_is_retried_then_answered_503(serving):
     assert not generation.jobs or all(not j.startswith("s") for j in generation.jobs)
 
 
+def test_a_serve_job_whose_caller_gave_up_leaves_the_books_and_its_route_is_told_to_stop(serving):
+    _, generation, endpoint, _, links = serving
+
+    async def main():
+        serve = endpoint.serve_request(_request())
+        await generation.fill()
+        job = next(m for _, m in links.sent if isinstance(m, messages.Gen) and m.job.startswith("s"))
+        generation.serve.abandon(serve)  # as the handler does past the deadline or when the client left
+        generation.expire_jobs()
+        await asyncio.sleep(0)  # the cancel goes out
+        generation.on_gen_done(ROUTE[-1], _done(job, [[5, 6]]))  # a late result is discarded
+        return job
+
+    job = asyncio.run(main())
+    assert job.job not in generation.jobs and generation.book.counters["serve_jobs_abandoned"] == 1
+    assert any(isinstance(m, messages.GenRelease) and m.job == job.job and m.cancel for _, m in links.sent)
+    assert generation.book.counters["unexpected_results"] == 1 and generation.serve.served == 0
+
+
 def test_the_queue_is_bounded_and_a_request_past_its_deadline_is_answered_504():
     async def main():
         queue = ServeQueue(max_queued=2)
