@@ -66,6 +66,10 @@ class RunTask(Protocol):
     pad_id: int
     stop_ids: tuple[int, ...]  #: ids that end a completion; the first is the canonical EOS
 
+    @property
+    def codec(self) -> TaskCodec | ChatCodec:
+        """The model's tokenizer path (a chat codec renders chat templates)."""
+
     def open_episode(self, prompt: str, max_new_tokens: int) -> EpisodeRun:
         """A new episode from a prompt key (train or held-out); turns of at most ``max_new_tokens``."""
 

@@ -19,7 +19,10 @@ One aiohttp application serves:
   ``/api/admin/stats`` (GET, admin token) — those and the operator's (``engine.swarm.stats_view``:
   paged, cached); ``/api/eval`` and ``/api/finish`` (POST, admin token) — ask for an eval / end
   training; ``/api/export`` (POST, admin token) — plan ``polis export --coordinator``
-  (``engine.swarm.export_api``). Every admin route goes through one token check (``_admin``).
+  (``engine.swarm.export_api``); ``/v1/chat/completions`` (POST) and ``/v1/models`` (GET), admin
+  token — an OpenAI-compatible endpoint that generates with the run's policy through the
+  swarm's own jobs (``engine.swarm.openai_api``). Every admin route goes through one token check
+  (``_admin``).
 
 Durable state (version, rollouts, evals, ledger, run config) lives in SQLite
 (``engine.swarm.store``), so a restarted coordinator resumes where it stopped
@@ -56,6 +59,7 @@ from engine.model.shard_plan import plan_stages
 from engine.net.errors import AuthenticationError, ProtocolViolation
 from engine.net.identity import load_or_create_key_file, peer_id_for, pin_url, verify_signature
 from engine.net.signalling import SignallingServer
+from engine.rl.codec import ChatCodec
 from engine.rl.run_task import make_run_task
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
@@ -67,6 +71,7 @@ from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
+from engine.swarm.openai_api import OpenAIEndpoint, served_model_id
 from engine.swarm.rollout_monitor import RolloutMonitor
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig, run_config_from_dict
@@ -101,6 +106,7 @@ class CoordinatorConfig:
     tick_s: scheduling period.
     identity_file: the coordinator's Ed25519 key (0600; created if missing). None: ``<db_path>.ed25519.key``.
     max_nodes_per_address: most identities admitted at once from one network address.
+    serve_deadline_s: how long a ``/v1/chat/completions`` request may wait for its answer (queue and generation).
     """
 
     db_path: str
@@ -115,6 +121,7 @@ class CoordinatorConfig:
     tick_s: float = 0.05
     identity_file: str | None = None
     max_nodes_per_address: int = 16
+    serve_deadline_s: float = 180.0
 
 
 class Coordinator:
@@ -170,6 +177,13 @@ class Coordinator:
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
                                    on_ready=self._members_changed, on_uplink=self.placement.uplinks.observe)
         self.stats_view = StatsView(self)
+        codec = self.task.codec
+        self.openai = OpenAIEndpoint(self.generation.serve, codec if isinstance(codec, ChatCodec) else None,
+                                     model_id=served_model_id(self.run.model, self.checkpoint_dir.name),
+                                     max_tokens_cap=self.run.sampling.max_new_tokens,
+                                     context_tokens=self.model_config.max_position_embeddings,
+                                     has_route=lambda: bool(self.members.gen_routes()), run_id=self.run_id,
+                                     deadline_s=config.serve_deadline_s)
         self._credit_flushed = 0.0  #: monotonic time the verified credit was last written
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
@@ -189,6 +203,8 @@ class Coordinator:
         app.router.add_post("/api/eval", self._admin(self._post_eval))
         app.router.add_post("/api/finish", self._admin(self._post_finish))
         app.router.add_post("/api/export", self._admin(self._post_export))
+        app.router.add_post("/v1/chat/completions", self._admin(self.openai.chat_completions))
+        app.router.add_get("/v1/models", self._admin(self.openai.models))
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--admin-token-file", default=None,
                         help="write the admin token (for GET /api/admin/stats, POST /api/eval, /api/finish, "
-                             "/api/export) to this file")
+                             "/api/export and the OpenAI-compatible /v1/chat/completions, /v1/models) to this file")
     parser.add_argument("--lan", action="store_true", help="advertise this coordinator on the LAN with zeroconf")
     parser.add_argument("--max-nodes-per-address", type=int, default=16,
                         help="most node identities admitted from one network address (identities are free)")
@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "needs minutes)")
     parser.add_argument("--step-timeout-s", type=float, default=120.0,
                         help="abort a training step unfinished this long (default 120)")
+    parser.add_argument("--serve-deadline-s", type=float, default=180.0,
+                        help="answer a /v1/chat/completions request 504 when the swarm has not served it in this "
+                             "long (default 180)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run setting, e.g. --set lr=0.001 --set task.max_digits=5 (repeatable)")
 
@@ -56,7 +59,8 @@ def build_config(args):
     return CoordinatorConfig(db_path=args.db, base_checkpoint=args.checkpoint or str(base_checkpoint_dir()),
                              host=args.host, port=args.port, num_stages=args.stages, run=run,
                              job_timeout_s=args.job_timeout_s, step_timeout_s=args.step_timeout_s,
-                             max_nodes_per_address=args.max_nodes_per_address)
+                             max_nodes_per_address=args.max_nodes_per_address,
+                             serve_deadline_s=args.serve_deadline_s)
 
 
 async def _serve(args) -> int:

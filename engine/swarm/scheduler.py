@@ -24,9 +24,15 @@ seed) on the fastest other route. The first checked result wins; the other job l
 at once (a late result of it is an unexpected result, never scored twice) and its route is told
 to stop (``gen_release`` with ``cancel``). A hedged job that fails leaves its twin to carry the rows.
 
+Requests from outside the run (``engine.swarm.serve_queue``, fed by the OpenAI-compatible
+endpoint) go first, up to ``SERVE_IN_FLIGHT`` beyond a route's budget: each is one job of kind
+``serve`` whose rows are its ``n`` samples, sampled as the request asks over exact activations,
+checked like any result and handed back to its caller; it is never scored, stored or trained on
+(its tokens earn the route the same verified credit).
+
 A job whose route loses a node, times out or comes back malformed is failed and its prompts
-are queued again. It reaches nodes only through ``NodeLinks.send`` and never sees
-activations or weights. What it does not know: training steps, websockets.
+are queued again (a serve job's request, while its deadline allows). It reaches nodes only through
+``NodeLinks.send`` and never sees activations or weights. What it does not know: training steps, websockets.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ import itertools
 import logging
 import time
 from collections import Counter, defaultdict, deque
+from typing import Sequence
 
 import numpy as np
 
-from engine.rl.episode_outcome import EpisodeOutcome
+from engine.rl.episode_outcome import EpisodeOutcome, EvalScore, OneTurnEpisode, one_turn_outcome
 from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
@@ -50,6 +57,7 @@ from engine.swarm.rollout_checks import RefusedResult, RolloutLimits, check_resu
 from engine.swarm.route_weights import RouteWeights
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
+from engine.swarm.serve_queue import ServeQueue, ServeRequest
 from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,6 +70,8 @@ MAX_SAMPLE_CHARS = 400
 MAX_SAMPLE_TURNS = 8
 #: finished training episodes kept for the shortcut monitor (``engine.swarm.rollout_monitor``)
 MAX_OUTCOMES = 512
+#: serve jobs a route may run beyond its in-flight budget (an external request does not wait for a training job)
+SERVE_IN_FLIGHT = 4
 
 
 def sample_record(outcome: EpisodeOutcome, version: int) -> dict:
@@ -109,6 +119,8 @@ class GenerationScheduler:
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
         #: the latest finished training episodes' outcomes (for the shortcut monitor)
         self.outcomes: deque = deque(maxlen=MAX_OUTCOMES)
+        #: requests from outside the run (``engine.swarm.openai_api``): served before evals and training
+        self.serve = ServeQueue()
         self.turns = TurnDriver(links, self.jobs, book.counters, params=self._params,
                                 on_batch_done=self._batch_done, on_batch_failed=self._batch_failed)
 
@@ -116,23 +128,37 @@ class GenerationScheduler:
         return f"{kind[0]}{next(self._job_ids)}"
 
     async def fill(self) -> None:
-        """Dispatch generation (eval first) up to the in-flight budget of every route, each next job
-        to the route that would finish it soonest (``engine.swarm.route_weights``), then hedge stragglers."""
+        """Dispatch generation up to the in-flight budget of every route, each next job to the route that
+        would finish it soonest (``engine.swarm.route_weights``): external requests first (up to
+        ``SERVE_IN_FLIGHT`` over a route's budget: they are small and someone waits), then evals, then
+        training; then hedge stragglers."""
         routes = self.links.gen_routes()
         if not routes:
             return
         load = Counter(tuple(j.route) for j in self.jobs.values())
         limits = {tuple(r): self.pacer.limit(r, self.run.generations_in_flight) for r in routes}
+        serve_limits = {r: n + SERVE_IN_FLIGHT for r, n in limits.items()}
+        while len(self.serve) and (route := self.weights.pick_gen_route(routes, load, serve_limits)) is not None:
+            request = self.serve.next_request()
+            if request is None:
+                break
+            if not await self._dispatch(route, self._serve_job(route, request), load):
+                serve_limits[tuple(route)] = 0
         while (route := self.weights.pick_gen_route(routes, load, limits)) is not None:
             message = self._next_job(route)
             if message is None:
                 break
-            load[tuple(route)] += 1
-            self.weights.gen_started(message.job, route, load[tuple(route)])
-            if not await self.links.send(route[0], message):
-                self._fail_job(message.job, "first stage unreachable")
+            if not await self._dispatch(route, message, load):
                 limits[tuple(route)] = 0  # not again in this fill
         await self._hedge(routes, load)
+
+    async def _dispatch(self, route: list[str], message: messages.Gen, load: Counter) -> bool:
+        load[tuple(route)] += 1
+        self.weights.gen_started(message.job, route, load[tuple(route)])
+        if await self.links.send(route[0], message):
+            return True
+        self._fail_job(message.job, "first stage unreachable")
+        return False
 
     async def _hedge(self, routes: list[list[str]], load: Counter) -> None:
         """Duplicate each straggling first-turn job on the fastest other route; the first result
@@ -172,17 +198,37 @@ class GenerationScheduler:
         if twin is None:
             return
         self.book.counters["hedges_cancelled"] += 1
-        message = messages.GenRelease(job=twin.job, route=twin.route, cancel=True)
-        task = asyncio.get_running_loop().create_task(self.links.send(twin.route[0], message),
-                                                      name=f"polis-coord-cancel-{twin.job}")
+        self._stop_on_route(twin)
+
+    def _stop_on_route(self, job: TurnJob) -> None:
+        """Tell ``job``'s route to stop decoding it (its result is no longer wanted)."""
+        message = messages.GenRelease(job=job.job, route=job.route, cancel=True)
+        task = asyncio.get_running_loop().create_task(self.links.send(job.route[0], message),
+                                                      name=f"polis-coord-cancel-{job.job}")
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
+    def _drop_abandoned_serve_jobs(self) -> None:
+        """Serve jobs whose caller stopped waiting (deadline, disconnect) leave the books and their
+        route stops decoding them, so they hold no slot until the job timeout."""
+        wanted = self.serve.request_of
+        for job in [j for j in self.jobs.values() if j.kind == "serve" and wanted(j.rows[0][0].key) is None]:
+            del self.jobs[job.job]
+            self._twins.pop(job.job, None)
+            self.weights.gen_abandoned(job.job)
+            self.book.counters["serve_jobs_abandoned"] += 1
+            self._stop_on_route(job)
+
     def _params(self, kind: str, job_id: str, max_new_tokens: int) -> messages.GenParams:
-        """Sampling settings of a job's turn (evals decode greedily over exact activations); the seed
-        follows the job id."""
+        """Sampling settings of a job's turn (evals decode greedily over exact activations; a serve job
+        samples as its request asks, over exact activations too); the seed follows the job id."""
         greedy = kind == "eval"
         seed = int(np.random.default_rng([self.run.seed, *job_id.encode()]).integers(2**62))
+        served = self.serve.request_of(job_id) if kind == "serve" else None
+        if served is not None:
+            return messages.GenParams(max_new_tokens=max_new_tokens, temperature=served.temperature,
+                                      top_p=max(served.top_p, 1e-6), seed=seed if served.seed is None else served.seed,
+                                      stop_ids=list(self.task.stop_ids), exact_activations=True)
         return messages.GenParams(max_new_tokens=max_new_tokens,
                                   temperature=0.0 if greedy else self.run.sampling.temperature,
                                   top_p=1.0 if greedy else self.run.sampling.top_p, seed=seed,
@@ -213,6 +259,22 @@ class GenerationScheduler:
         ids = [list(b.episodes[i].context_ids) for b, i in rows]
         budget = min(b.episodes[i].budget for b, i in rows)
         return messages.Gen(job=job.job, route=route, prompt_ids=ids, params=self._params(job.kind, job.job, budget))
+
+    def _serve_job(self, route: list[str], request: ServeRequest) -> messages.Gen:
+        """An external request as one generation job of kind ``serve``: ``n`` rows of its prompt, never
+        scored, stored or trained on (``_batch_done`` hands the ids back to ``self.serve``)."""
+        job_id = self._next_job_id("serve")
+        self.serve.dispatched(job_id, request)
+
+        def unscored(ids: Sequence[int], logprobs: Sequence[float]) -> EpisodeOutcome:
+            return one_turn_outcome(ids, logprobs, 0.0, EvalScore(0.0, 0.0), {}, "", None, "", "")
+
+        episodes = [OneTurnEpisode(request.prompt_ids, request.max_new_tokens, unscored) for _ in range(request.n)]
+        batch = EpisodeBatch(job_id, "serve", [], list(episodes), [None] * request.n)
+        job = TurnJob(job_id, route, "serve", [(batch, i) for i in range(request.n)])
+        self.jobs[job_id] = job
+        return messages.Gen(job=job_id, route=route, prompt_ids=[list(request.prompt_ids)] * request.n,
+                            params=self._params("serve", job_id, request.max_new_tokens))
 
     def _train_groups_in_flight(self) -> int:
         return len({id(b) for j in self.jobs.values() if j.kind == "train" for b, _ in j.rows})
@@ -271,6 +333,10 @@ class GenerationScheduler:
         outcomes = [ep.outcome for ep in b.episodes]
         assert all(o is not None for o in outcomes)
         versions = [v if v is not None else [self.book.version] for v in b.versions]
+        if b.kind == "serve":
+            lowest = [min(v[s] for v in versions) for s in range(len(versions[0]))]
+            self.serve.finished(b.key, [o.completion_ids for o in outcomes], lowest)  # type: ignore[union-attr]
+            return
         if b.kind == "eval":
             lowest = [min(v[s] for v in versions) for s in range(len(versions[0]))]
             self.evals.on_scores(b.key, [o.score for o in outcomes], lowest)  # type: ignore[union-attr]
@@ -295,6 +361,8 @@ class GenerationScheduler:
     def _batch_failed(self, b: EpisodeBatch) -> None:
         if b.kind == "train":
             self._retry_prompts.extend(b.prompts)
+        elif b.kind == "serve":
+            self.serve.failed(b.key, "its episodes were given up")
         else:
             self.evals.on_failed(b.key)
 
@@ -324,6 +392,8 @@ class GenerationScheduler:
             b.closed = True
         if job.kind == "train":
             self._retry_prompts.extend(job.prompts)
+        elif job.kind == "serve":
+            self.serve.failed(job_id, reason)
         else:
             self.evals.on_failed(job_id)
 
@@ -333,6 +403,8 @@ class GenerationScheduler:
             self._fail_job(job_id, f"node {peer_id} left")
 
     def expire_jobs(self) -> None:
+        self.serve.expire()
+        self._drop_abandoned_serve_jobs()
         cutoff = time.monotonic() - self.job_timeout_s
         for job_id in [j for j, job in self.jobs.items() if job.dispatched < cutoff]:
             self._fail_job(job_id, "timed out")

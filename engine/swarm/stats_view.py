@@ -218,6 +218,8 @@ class StatsView:
             "logprob_audit": steps.audit.snapshot(),
             "weight_stream": c.streams.stats(),
             "jobs_in_flight": len(generation.jobs),
+            # /v1/chat/completions requests (engine.swarm.serve_queue): waiting, running, served, refused
+            "serve": generation.serve.stats(),
             # per route: the jobs in flight it gets and why (engine.swarm.inflight)
             "in_flight": generation.pacer.snapshot(c.members.gen_routes(), c.run.generations_in_flight),
             # per route: its measured throughput, which sets its share of jobs and rows (engine.swarm.route_weights)

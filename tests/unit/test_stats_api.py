@@ -21,7 +21,7 @@ from tests.support.hostile_node import join
 #: what only the admin view shows
 ADMIN_ONLY = {"ledger", "self_reported", "counters", "logprob_audit", "weight_votes", "weight_stream", "in_flight",
               "route_weights", "storage_error", "staleness_histogram", "update_bytes", "dense_update_bytes",
-              "jobs_in_flight"}
+              "jobs_in_flight", "serve"}
 
 
 def _coordinator(tmp_path) -> Coordinator:
