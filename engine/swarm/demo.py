@@ -403,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
         if args.env:
             swarm.stop()  # the base's no-tool eval below wants the cores
             summary["eval_without_tool_before"] = _without_tool(run_dir, out)  # of RL's start (the warmed base)
+            summary["eval_without_tool_after"] = _without_tool(run_dir, out, trained=True)
             summary["warmup"] = warmup
         _print_table(summary, stats, out)
         if args.json:
@@ -563,8 +564,14 @@ def tool_warm_up(args: argparse.Namespace, out) -> dict[str, Any]:
             "last_loss": report.losses[-1:]}
 
 
-def _without_tool(run_dir: Path, out) -> dict[str, Any]:
-    """The base on the same held-out questions without the tool (its plain task: one turn, greedy)."""
+def _without_tool(run_dir: Path, out, *, trained: bool = False) -> dict[str, Any] | None:
+    """A policy on the same held-out questions without the tool (its plain task: one turn, greedy).
+
+    ``trained=False``: RL's start (the run's base checkpoint). ``trained=True``: the newest version
+    every stage checkpointed, exported (adapters merged) to ``run_dir/export-without-tool``; None when
+    no trained version was checkpointed, or the export failed (said on ``out``)."""
+    from engine.model.errors import CheckpointError
+    from engine.model.export.hf_export import export_version
     from engine.rl.checkpoint_eval import evaluate_checkpoint
     from engine.swarm.run_config import run_config_from_dict
     from engine.swarm.store import Store
@@ -574,9 +581,18 @@ def _without_tool(run_dir: Path, out) -> dict[str, Any]:
         run, base = run_config_from_dict(store.get_meta("run")), store.get_meta("base_checkpoint")
     finally:
         store.close()
-    print("Scoring the base on the same held-out questions without the tool...", file=out, flush=True)
-    result = evaluate_checkpoint(base, run.task)
-    return {"strict": result.strict, "content": result.content, "items": result.items, "seconds": result.seconds}
+    version = 0
+    if trained:
+        try:
+            result = export_version(run_dir, run_dir / "export-without-tool", overwrite=True)
+        except CheckpointError as exc:
+            print(f"No trained checkpoint to score without the tool: {exc}", file=out, flush=True)
+            return None
+        base, version = str(result.out_dir), result.version
+    print(f"Scoring version {version} on the same held-out questions without the tool...", file=out, flush=True)
+    scored = evaluate_checkpoint(base, run.task)
+    return {"strict": scored.strict, "content": scored.content, "items": scored.items, "seconds": scored.seconds,
+            "version": version}
 
 
 def _mean_key(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -626,6 +642,9 @@ def _print_table(summary: dict[str, Any], stats: dict[str, Any], out) -> None:
     if summary.get("env"):
         plain = summary.get("eval_without_tool_before") or {}
         print(f"  RL's start without the tool (same questions)  {fmt(plain.get('strict'))}", file=out)
+        plain = summary.get("eval_without_tool_after") or {}
+        print(f"  after RL without the tool (version {plain.get('version', '-')})     {fmt(plain.get('strict'))}",
+              file=out)
         warm = summary.get("warmup")
         if warm:
             b, w, nt = warm.get("before") or {}, warm.get("after") or {}, warm.get("base_without_tool") or {}

@@ -64,3 +64,21 @@ def test_the_progress_line_shows_the_reward_over_the_last_eight_steps_weighted_b
     assert "reward(8) 0.000" in _progress_line(stats, 1.0, 0.0)  # the two old steps fell out of the window
     stats["steps"] = [{"reward": 1.0, "samples": 8}, {"reward": 0.0, "samples": 24}]
     assert "reward(8) 0.250" in _progress_line(stats, 1.0, 0.0)  # 8 of 32 samples, not the mean of the means
+
+
+def test_scoring_the_trained_policy_without_the_tool_says_why_not_when_no_version_was_checkpointed(tmp_path):
+    import io
+
+    from engine.paths import base_checkpoint_dir
+    from engine.swarm.demo import _without_tool
+    from engine.swarm.run_config import RunConfig, _plain
+    from engine.swarm.store import Store
+
+    store = Store(tmp_path / "coordinator.db")
+    store.set_meta("run", _plain(RunConfig()))
+    store.set_meta("base_checkpoint", str(base_checkpoint_dir()))
+    store.close()
+    out = io.StringIO()
+    assert _without_tool(tmp_path, out, trained=True) is None
+    assert "No trained checkpoint to score without the tool" in out.getvalue()
+    assert not (tmp_path / "export-without-tool").exists()
