@@ -23,6 +23,19 @@ of the bench runs over the emulated internet; the in-process figures stay as the
 ``--only generation`` measures generation alone: in process, over WebRTC on loopback
 and, with ``--wan``, over the emulated internet, with each route's jobs in flight.
 
+``--only generation --model NAME|DIR`` measures a real model instead of the tiny base, with
+the run ``polis demo --model`` runs (``engine.swarm.train_command.run_config``: the demo's
+real-model recipe and task, the model resolved as the demo resolves it, imported on first
+use): in process, jobs shaped as the coordinator's (``prompts_per_job`` chat-template
+prompts of one token length, ``engine.rl.prompt_keys.LengthBuckets``, x ``group_size``
+rows, the recipe's sampling and ``max_new_tokens``), sampled by the in-process trainer
+(``Trainer.sample``) on the stages the swarm's trainer nodes load (LoRA included); over
+WebRTC, the demo swarm with that recipe, generation only. A swarm counts a job's tokens
+when the job ends (a real model's 64-row job takes ~15 s on one thread), so each window
+begins and ends at a job's end and is ``REAL_MODEL_WINDOW_S`` long by default with
+``--model`` (``--window-s`` sets it). The full comparison (``--only all``) knows the tiny
+base only.
+
 Where the gap in generation comes from is measured too: the CPU the swarm's
 processes used during the window (Linux ``/proc``), against the one core the
 in-process chain runs on.
@@ -40,15 +53,36 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from engine.rl.pipeline import LocalPipeline
+    from engine.rl.rollout import Group
+
+#: seconds of generation measured per route (in process and per swarm) on the tiny base
+WINDOW_S = 20.0
+#: the same with ``--model``: a job of the real-model recipe (8 prompts x 8 samples, up to 48 tokens)
+#: takes ~15 s on one thread and its tokens count when it ends, so a window holds several jobs per route
+REAL_MODEL_WINDOW_S = 120.0
+#: seconds a swarm window waits past its length for the job that ends it (then it ends without one)
+WINDOW_END_PATIENCE_S = 300.0
+#: seconds a real model's swarm gets to load its stages, connect, run the version-0 eval (64 greedy items)
+#: and end its first job, on a machine shared with other work
+REAL_MODEL_START_S = 900.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--checkpoint", default=None, help="base checkpoint (default: the shipped one)")
-    parser.add_argument("--window-s", type=float, default=20.0, help="seconds of generation measured per swarm")
+    parser.add_argument("--model", default=None,
+                        help="with --only generation: measure a real model (a name such as smollm2-135m, imported "
+                             "on first use, or an imported directory) with polis demo --model's recipe")
+    parser.add_argument("--window-s", type=float, default=None,
+                        help=f"seconds of generation measured per route (default {WINDOW_S:.0f}; "
+                             f"{REAL_MODEL_WINDOW_S:.0f} with --model, whose jobs take seconds each and count "
+                             "when they end)")
     parser.add_argument("--versions", type=int, default=480,
                         help="policy versions the swarm trains for the accuracy comparison (default 480)")
     parser.add_argument("--eval-every", type=int, default=120, help="versions between held-out evals (default 120)")
@@ -67,6 +101,36 @@ def _base(args) -> str:
     return args.checkpoint or str(base_checkpoint_dir())
 
 
+def window_seconds(args: argparse.Namespace) -> float:
+    """Seconds measured per route: ``--window-s``, else :data:`REAL_MODEL_WINDOW_S` with ``--model``,
+    else :data:`WINDOW_S`."""
+    if args.window_s is not None:
+        return float(args.window_s)
+    return REAL_MODEL_WINDOW_S if args.model else WINDOW_S
+
+
+def demo_run_args(model: str) -> argparse.Namespace:
+    """The flags of ``polis demo --model MODEL`` that choose its run (no --task, --env or --set)."""
+    return argparse.Namespace(model=model, task=None, env="", set=[])
+
+
+def real_model_run(model: str):
+    """(the ``RunConfig``, the coordinator's run settings) of ``polis demo --model MODEL``."""
+    from engine.swarm.demo import real_model_settings
+    from engine.swarm.train_command import run_config
+
+    args = demo_run_args(model)
+    return run_config(args), real_model_settings(args)
+
+
+def _tokens_per_second(next_job: Callable[[], list[Group]], seconds: float) -> float:
+    """Completion tokens/s of whole jobs (``next_job()``: one job's groups) run for at least ``seconds``."""
+    tokens, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        tokens += sum(len(s.completion_ids) for g in next_job() for s in g.samples)
+    return tokens / (time.perf_counter() - started)
+
+
 def _in_process_generation(base: str, run, seconds: float) -> float:
     """Completion tokens/s of the two-stage chain in this process, jobs shaped as in the swarm."""
     import os
@@ -82,8 +146,8 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
     task = make_task(run.task)
     rng = np.random.default_rng(0)
     sampling = replace(run.sampling, max_rows_per_cache=run.prompts_per_job * run.group_size)
-    tokens, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
+
+    def next_job() -> list[Group]:
         length = None
         prompts: list[str] = []
         while len(prompts) < run.prompts_per_job:  # one token length per job, like the coordinator
@@ -91,40 +155,101 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
             if length is None or len(p) == length:
                 length = len(p)
                 prompts.append(p)
-        groups = generate_groups(pipe, prompts, [codec.encode_prompt(p) for p in prompts], run.group_size,
-                                 sampling, codec.eos_id, rng)
-        tokens += sum(len(s.completion_ids) for g in groups for s in g.samples)
-    elapsed = time.perf_counter() - started
-    pipe.close()
-    return tokens / elapsed
+        return generate_groups(pipe, prompts, [codec.encode_prompt(p) for p in prompts], run.group_size,
+                               sampling, codec.eos_id, rng)
+
+    try:
+        return _tokens_per_second(next_job, seconds)
+    finally:
+        pipe.close()
 
 
-def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, window_s: float,
-                  wan: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+def real_model_jobs(base: str, run) -> tuple[Iterator[list[Group]], LocalPipeline]:
+    """(an endless iterator of generation jobs' groups, the pipeline to close) of ``run`` on ``base``
+    in this process: the two stages the swarm's trainer nodes load (``optimizer_config``: LoRA included),
+    each job ``prompts_per_job`` of the run task's training prompts of one token length (as the
+    coordinator builds them) x ``group_size`` samples in one KV cache, sampled by the in-process
+    trainer (``Trainer.sample``: the run task's prompt ids and stop ids, the run's sampling)."""
+    from engine.rl.codec import load_codec
+    from engine.rl.pipeline import LocalPipeline
+    from engine.rl.prompt_keys import LengthBuckets
+    from engine.rl.trainer import Trainer
+    from engine.swarm.train_command import optimizer_config, trainer_config
+
+    config = trainer_config(run)
+    config = replace(config, sampling=replace(config.sampling,
+                                              max_rows_per_cache=run.prompts_per_job * run.group_size))
+    pipe = LocalPipeline.from_checkpoint(base, 2, "torch", "cpu", optimizer_config(run))
+    try:
+        trainer = Trainer(pipe, load_codec(base), config)
+    except BaseException:
+        pipe.close()
+        raise
+    task = trainer.run_task
+    buckets = LengthBuckets(run.prompts_per_job, lambda key: len(task.prompt_ids(key)))
+    prompts = task.train_prompts(run.seed)
+
+    def jobs() -> Iterator[list[Group]]:
+        while True:
+            yield trainer.sample(buckets.take(prompts))
+
+    return jobs(), pipe
+
+
+def _in_process_real_model_generation(base: str, run, seconds: float) -> float:
+    """Completion tokens/s of :func:`real_model_jobs` in this process (one torch thread)."""
+    import os
+
+    os.environ.setdefault("POLIS_TORCH_THREADS", "1")
+    jobs, pipe = real_model_jobs(base, run)
+    try:
+        return _tokens_per_second(lambda: next(jobs), seconds)
+    finally:
+        pipe.close()
+
+
+def _completion_tokens(stats: dict[str, Any]) -> int:
+    return int(stats["counters"].get("completion_tokens", 0))
+
+
+def _swarm_window(base: str | None, tmp: Path, settings: list[str], replicas: int, window_s: float,
+                  wan: tuple[str | None, str | None] = (None, None), model: str | None = None,
+                  start_s: float = 240.0) -> dict[str, Any]:
     """Start a swarm that only generates; measure tokens and wire bytes over ``window_s``.
 
-    ``wan``: (mix, profile file) of an emulated internet (``polis demo --wan``), or (None, None).
+    The window begins when the first job after the version-0 eval has ended and ends at the first
+    job's end after ``window_s`` (tokens count when a job ends), or :data:`WINDOW_END_PATIENCE_S`
+    later. ``base``: the checkpoint (``--checkpoint`` of every process); ``model``: the run's model
+    with ``settings`` holding its recipe (``polis demo --model``); ``start_s``: how long the swarm
+    gets to start generating. ``wan``: (mix, profile file) of an emulated internet (``polis demo
+    --wan``), or (None, None).
     """
     from engine.swarm.demo import DemoSwarm, bytes_on_wire
 
-    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0, model=None,
-                              set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
+    args = argparse.Namespace(stages=2, replicas=replicas, checkpoint=base, backend="torch", max_versions=0,
+                              model=model, set=settings + ["prompts_per_step=4096", "eval_every_versions=0"],
                               wan=wan[0], wan_profiles=wan[1])
     tmp.mkdir(parents=True, exist_ok=True)
     swarm = DemoSwarm(tmp, args)
     try:
         swarm.start()
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + start_s
         while True:  # wait until the version-0 eval is done and generation flows
             stats = swarm.stats()
-            if stats["evals"] and stats["counters"].get("completion_tokens", 0) > 0:
+            if stats["evals"] and _completion_tokens(stats) > 0:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the swarm did not start generating; logs in {tmp}")
             time.sleep(0.5)
         cpu0, first, t0 = _cpu_seconds(swarm.procs), swarm.stats(), time.monotonic()
         time.sleep(window_s)
-        cpu1, last, t1 = _cpu_seconds(swarm.procs), swarm.stats(), time.monotonic()
+        ended = _completion_tokens(swarm.stats())
+        deadline = time.monotonic() + WINDOW_END_PATIENCE_S
+        while True:  # end the window at the next job's end
+            cpu1, last, t1 = _cpu_seconds(swarm.procs), swarm.stats(), time.monotonic()
+            if _completion_tokens(last) > ended or t1 > deadline:
+                break
+            time.sleep(0.5)
     finally:
         swarm.stop()
     tokens = last["counters"]["completion_tokens"] - first["counters"]["completion_tokens"]
@@ -134,6 +259,7 @@ def _swarm_window(base: str, tmp: Path, settings: list[str], replicas: int, wind
         cpu = {"coordinator": (cpu1[0] - cpu0[0]) / (t1 - t0),
                "nodes": [(b - a) / (t1 - t0) for a, b in zip(cpu0[1:], cpu1[1:])]}
     return {"tok_s": tokens / (t1 - t0), "bytes_per_token": wire / max(tokens, 1), "tokens": tokens,
+            "seconds": t1 - t0,
             "cpu_cores": cpu, "in_flight": last.get("in_flight"), "jobs_in_flight": last.get("jobs_in_flight")}
 
 
@@ -255,29 +381,69 @@ def _gaps(swarm_curve: list[dict], local_curves: list[list[dict]]) -> list[dict[
     return out
 
 
-def _generation_only(args: argparse.Namespace, base: str, run_cfg, tmp: Path, out) -> dict[str, Any]:
-    """In-process vs WebRTC on loopback vs (with ``--wan``) WebRTC over the emulated internet."""
-    print("1/3 in-process generation...", file=out, flush=True)
-    inproc = _in_process_generation(base, run_cfg, args.window_s)
+def _generation_only(args: argparse.Namespace, seconds: float, tmp: Path, out) -> dict[str, Any]:
+    """In-process vs WebRTC on loopback vs (with ``--wan``) WebRTC over the emulated internet: the tiny
+    base, or with ``--model`` that model with ``polis demo --model``'s run."""
+    from engine.swarm.run_config import RunConfig
+
+    if args.model:
+        from engine.swarm.demo import ensure_imported
+        from engine.swarm.stage_loading import base_dir
+
+        run_cfg, settings = real_model_run(args.model)
+        ensure_imported(args.model, out)
+        base = str(base_dir(args.checkpoint, run_cfg.model))  # the directory the demo's processes load
+        checkpoint, start_s = args.checkpoint, REAL_MODEL_START_S
+        in_process = _in_process_real_model_generation
+    else:
+        run_cfg, settings = RunConfig(), []
+        base = checkpoint = _base(args)
+        start_s = 240.0
+        in_process = _in_process_generation
+    print(f"1/3 in-process generation ({seconds:.0f} s)...", file=out, flush=True)
+    inproc = in_process(base, run_cfg, seconds)
     print("2/3 swarm generation on loopback...", file=out, flush=True)
-    loop = _swarm_window(base, tmp / "loopback", [], 1, args.window_s)
+    loop = _swarm_window(checkpoint, tmp / "loopback", settings, 1, seconds, model=args.model, start_s=start_s)
     wan = None
     if args.wan:
         print(f"3/3 swarm generation over '{args.wan}'...", file=out, flush=True)
-        wan = _swarm_window(base, tmp / "wan", [], 1, args.window_s, (args.wan, args.wan_profiles))
-    result = {"wan": args.wan, "generation_tok_s_inprocess": inproc, "generation_tok_s_webrtc": loop["tok_s"],
+        wan = _swarm_window(checkpoint, tmp / "wan", settings, 1, seconds, (args.wan, args.wan_profiles),
+                            model=args.model, start_s=start_s)
+    result = {"wan": args.wan, "model": args.model, "base": base,
+              "generation_tok_s_inprocess": inproc, "generation_tok_s_webrtc": loop["tok_s"],
               "generation_ratio": loop["tok_s"] / inproc, "loopback_in_flight": loop["in_flight"],
+              "loopback_jobs_in_flight": loop["jobs_in_flight"], "generation_cpu_cores": loop["cpu_cores"],
+              "webrtc_tokens": loop["tokens"], "webrtc_window_s": loop["seconds"],
               "generation_tok_s_wan": wan and wan["tok_s"], "wan_in_flight": wan and wan["in_flight"],
-              "wan_vs_loopback": wan and wan["tok_s"] / loop["tok_s"], "window_s": args.window_s}
-    print(f"generation: in-process {inproc:.0f} tok/s, WebRTC loopback {loop['tok_s']:.0f}"
+              "wan_vs_loopback": wan and wan["tok_s"] / loop["tok_s"], "window_s": seconds,
+              "job": {"task": run_cfg.task.name, "prompts_per_job": run_cfg.prompts_per_job,
+                      "group_size": run_cfg.group_size, "max_new_tokens": run_cfg.sampling.max_new_tokens,
+                      "temperature": run_cfg.sampling.temperature, "generations_in_flight":
+                      run_cfg.generations_in_flight, "activation_encoding": run_cfg.activation_encoding,
+                      "lora": run_cfg.lora.enabled}}
+    print(f"generation: in-process {inproc:.0f} tok/s, WebRTC loopback {loop['tok_s']:.0f} "
+          f"({result['generation_ratio']:.2f}x)"
           + (f", over {args.wan} {wan['tok_s']:.0f} ({result['wan_vs_loopback']:.2f}x loopback)" if wan else ""),
           file=out)
+    _print_cpu(loop["cpu_cores"], out)
     return result
+
+
+def _print_cpu(cpu: dict[str, Any] | None, out) -> None:
+    """The CPU the swarm's processes used during a window (None: not measured here)."""
+    if cpu:
+        print(f"  CPU during the WebRTC window: coordinator {cpu['coordinator']:.2f} cores, nodes "
+              + ", ".join(f"{n:.2f}" for n in cpu["nodes"]) + " cores (the in-process chain: one thread)", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.swarm.run_config import RunConfig
 
+    if args.model and args.only != "generation":
+        print("polis bench swarm: --model measures generation only (add --only generation); the full "
+              "comparison knows the tiny base only", file=sys.stderr)
+        return 2
+    seconds = window_seconds(args)
     base = _base(args)
     run_cfg = RunConfig()
     out = sys.stderr if args.json else sys.stdout
@@ -285,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.only == "generation":
         try:
-            result = _generation_only(args, base, run_cfg, tmp, out)
+            result = _generation_only(args, seconds, tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         if args.json:
@@ -293,12 +459,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         print("1/5 in-process generation...", file=out, flush=True)
-        inproc_tok_s = _in_process_generation(base, run_cfg, args.window_s)
+        inproc_tok_s = _in_process_generation(base, run_cfg, seconds)
         print("2/5 swarm generation, int8 activations...", file=out, flush=True)
         wan = (args.wan, args.wan_profiles)
-        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, args.window_s, wan)
+        int8 = _swarm_window(base, tmp / "int8", ["activation_encoding=int8_rowwise"], 1, seconds, wan)
         print("3/5 swarm generation, fp32 activations...", file=out, flush=True)
-        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, args.window_s, wan)
+        fp32 = _swarm_window(base, tmp / "fp32", ["activation_encoding=fp32"], 1, seconds, wan)
         print(f"4/5 swarm training, 2 stages x 2 replicas, {args.versions} versions...", file=out, flush=True)
         swarm = _swarm_training(base, tmp / "train", args.versions, args.eval_every, wan=wan)
         points = [p["samples"] for p in swarm["curve"]]
@@ -333,10 +499,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print(f"generation: {result['generation_tok_s_webrtc']:.0f} tok/s over WebRTC vs "
           f"{inproc_tok_s:.0f} in one process ({result['generation_ratio']:.2f}x)", file=out)
-    if int8.get("cpu_cores"):
-        c = int8["cpu_cores"]
-        print(f"  CPU during the WebRTC window: coordinator {c['coordinator']:.2f} cores, nodes "
-              + ", ".join(f"{n:.2f}" for n in c["nodes"]) + " cores (the in-process chain: one thread)", file=out)
+    _print_cpu(int8.get("cpu_cores"), out)
     print(f"activation bytes/token: fp32 {fp32['bytes_per_token']:.0f}, int8 {int8['bytes_per_token']:.0f} "
           f"({result['activation_bytes_ratio']:.3f}x)", file=out)
     if result["update_bytes_ratio_vs_dense"] is not None:

@@ -4,12 +4,17 @@ A run task hands the coordinator prompt *keys* (the rendered prompt text) and mu
 behind a key again when its completion comes back, and its token ids when a job is built.
 :class:`PromptKeys` keeps the most recent ``MAX_LIVE_ITEMS`` training items (an endless stream must
 not grow without bound), every held-out item (a fixed split, rendered once), and the token ids of
-the most recent keys. What it does not know: what an item is, how it is rendered or scored.
+the most recent keys.
+
+A generation job decodes its rows in one KV cache, so its prompts have one token length:
+:class:`LengthBuckets` gathers keys by length and hands them out a job's worth at a time (the
+coordinator's jobs and ``polis bench swarm``'s in-process jobs are built by it). What it does not
+know: what an item is, how it is rendered or scored, jobs or caches themselves.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from engine.rl.episode_outcome import MAX_LIVE_ITEMS
@@ -54,3 +59,30 @@ class PromptKeys(Generic[Item]):
     def item(self, key: str) -> Item | None:
         """The item behind ``key`` (None: no longer held, or never handed out)."""
         return self._live.get(key) or self._eval.get(key)
+
+
+class LengthBuckets:
+    """Prompt keys held by token length (``length(key)``) until ``size`` of one length are there."""
+
+    def __init__(self, size: int, length: Callable[[str], int]) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size, self._length = size, length
+        self._buckets: defaultdict[int, list[str]] = defaultdict(list)
+
+    def add(self, key: str) -> list[str] | None:
+        """Hold ``key``; once its length has ``size`` keys, those keys (oldest first), else None."""
+        bucket = self._buckets[self._length(key)]
+        bucket.append(key)
+        if len(bucket) < self.size:
+            return None
+        batch = bucket[:self.size]
+        del bucket[:self.size]
+        return batch
+
+    def take(self, keys: Iterator[str]) -> list[str]:
+        """Draw from ``keys`` until one length has ``size`` keys; those keys (the rest stay held)."""
+        while True:
+            batch = self.add(next(keys))
+            if batch is not None:
+                return batch

@@ -163,12 +163,17 @@ class Trainer:
                 prompts.append(p)
         return prompts
 
+    def sample(self, prompts: list[str]) -> list[Group]:
+        """``group_size`` unscored samples of each prompt key from the current policy (the run task's
+        prompt ids and stop ids, the run's sampling settings)."""
+        task = self.run_task
+        return generate_groups(self.pipeline, prompts, [task.prompt_ids(p) for p in prompts],
+                               self.config.group_size, self.config.sampling, task.stop_ids, self.sample_rng)
+
     def generate(self) -> list[Group]:
         """A scored batch of groups from the current policy."""
         task = self.run_task
-        prompts = self.next_prompts()
-        groups = generate_groups(self.pipeline, prompts, [task.prompt_ids(p) for p in prompts],
-                                 self.config.group_size, self.config.sampling, task.stop_ids, self.sample_rng)
+        groups = self.sample(self.next_prompts())
         for g in groups:
             for s in g.samples:
                 s.reward = task.reward(g.prompt, [int(t) for t in s.completion_ids])

@@ -41,12 +41,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, deque
 from typing import Sequence
 
 import numpy as np
 
 from engine.rl.episode_outcome import EpisodeOutcome, EvalScore, OneTurnEpisode, one_turn_outcome
+from engine.rl.prompt_keys import LengthBuckets
 from engine.rl.run_task import RunTask
 from engine.rl.update import UpdateRules
 from engine.swarm import messages
@@ -102,7 +103,7 @@ class GenerationScheduler:
         self._prompts = task.train_prompts(run.seed + 7919 * epoch)
         store.set_meta("prompt_epoch", epoch + 1)
         self._retry_prompts: deque[str] = deque()
-        self._length_buckets: dict[int, list[str]] = defaultdict(list)
+        self._length_buckets = LengthBuckets(run.prompts_per_job, lambda key: len(task.prompt_ids(key)))
         self._job_ids = itertools.count(int(time.time() * 1000) % 10**9)
         self.jobs: dict[str, TurnJob] = {}
         #: jobs in flight per route, from the nodes' measured RTTs and compute (fed by their reports)
@@ -281,14 +282,10 @@ class GenerationScheduler:
 
     def _next_prompt_batch(self) -> list[str]:
         """``prompts_per_job`` prompts of one token length (re-queued ones first)."""
-        want = self.run.prompts_per_job
         while True:
             prompt = self._retry_prompts.popleft() if self._retry_prompts else next(self._prompts)
-            bucket = self._length_buckets[len(self.task.prompt_ids(prompt))]
-            bucket.append(prompt)
-            if len(bucket) >= want:
-                batch = bucket[:want]
-                del bucket[:want]
+            batch = self._length_buckets.add(prompt)
+            if batch is not None:
                 return batch
 
     # ------------------------------------------------------------------ results
