@@ -45,7 +45,7 @@ def test_bench_shard_reports_accuracy_and_one_stage_load_memory_near_one_over_s(
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     (run,) = report["runs"]
-    assert run["stages"] == num_stages and report["ok"]
+    assert run["stages"] == num_stages and report["ok"] and report["split_ok"]
     for backend, diff in run["max_abs_diff"].items():
         assert diff is not None or backend in run["skipped"]
         assert diff is None or diff <= report["max_abs_diff_target"]
