@@ -132,6 +132,19 @@ class _ToScheduler:
         return [m for m in self.messages if isinstance(m, kind)]
 
 
+def _two_nodes(model_dir: Path, box: dict) -> dict[str, Node]:
+    """Two real torch nodes of ``model_dir`` (``P0``, ``P1``) wired to each other in memory; what they
+    send the coordinator goes to ``box["scheduler"]`` (``_ToScheduler``)."""
+    wire = MemoryWire()
+    nodes: dict[str, Node] = {}
+    for peer in (P0, P1):
+        node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu", base_checkpoint=str(model_dir)),
+                    SimpleNamespace(peer_id=peer), peers=wire.sender(peer), coordinator=_ToScheduler(peer, box))
+        wire.attach(peer, node.on_peer)
+        nodes[peer] = node
+    return nodes
+
+
 def _in_process(model_dir: Path, task: EnvRunTask, item: EpisodeItem, seeds: list[int], row: int, rows: int,
                 run: RunConfig):
     """The in-process runner over the whole model, sampling as the last stage does with the same seeds."""
@@ -188,13 +201,7 @@ def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_a
     store = Store(tmp_path / "coord.db")
     book = RunBook(store)
     box: dict = {}
-    wire = MemoryWire()
-    nodes: dict[str, Node] = {}
-    for peer in (P0, P1):
-        node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu", base_checkpoint=str(model_dir)),
-                    SimpleNamespace(peer_id=peer), peers=wire.sender(peer), coordinator=_ToScheduler(peer, box))
-        wire.attach(peer, node.on_peer)
-        nodes[peer] = node
+    nodes = _two_nodes(model_dir, box)
     links = _Links(nodes)
     evals = EvalScheduler(task, store)
     scheduler = box["scheduler"] = GenerationScheduler(
@@ -248,14 +255,8 @@ def test_a_three_turn_episode_through_two_stages_matches_the_in_process_runner_a
 def test_a_turn_that_expects_a_cache_the_stage_does_not_hold_fails_as_a_cache_miss(tmp_path):
     model_dir = write_tiny_tied_llama(tmp_path / "tiny", num_layers=4)
     run = RunConfig(activation_encoding="fp32")
-    wire = MemoryWire()
     box: dict = {}
-    nodes = {}
-    for peer in (P0, P1):
-        node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu", base_checkpoint=str(model_dir)),
-                    SimpleNamespace(peer_id=peer), peers=wire.sender(peer), coordinator=_ToScheduler(peer, box))
-        wire.attach(peer, node.on_peer)
-        nodes[peer] = node
+    nodes = _two_nodes(model_dir, box)
     box["scheduler"] = SimpleNamespace(on_gen_done=lambda *a: None, on_job_failed=lambda *a: None)
 
     async def scenario():

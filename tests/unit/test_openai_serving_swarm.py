@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,19 +22,15 @@ from engine.rl.update import UpdateRules
 from engine.swarm import messages
 from engine.swarm import openai_wire as wire
 from engine.swarm.eval_scheduler import EvalScheduler
-from engine.swarm.node import Node, NodeConfig
 from engine.swarm.openai_api import OpenAIEndpoint
 from engine.swarm.run_book import RunBook
 from engine.swarm.run_config import RunConfig
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.store import Store
-from tests.support.memory_wire import MemoryWire
 from tests.unit.test_multi_turn_swarm_episode import (
-    P0,
-    P1,
     _Links,
     _model_that_ends_turns,
-    _ToScheduler,
+    _two_nodes,
     _welcome_two_stages,
 )
 from tests.unit.test_node_pipeline import _run, _until
@@ -74,13 +69,7 @@ def test_a_greedy_chat_completion_through_two_stages_equals_in_process_greedy_de
     evals = EvalScheduler(task, store)
     evals.wanted = None
     box: dict = {}
-    memory = MemoryWire()
-    nodes: dict[str, Node] = {}
-    for peer in (P0, P1):
-        node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu", base_checkpoint=str(model_dir)),
-                    SimpleNamespace(peer_id=peer), peers=memory.sender(peer), coordinator=_ToScheduler(peer, box))
-        memory.attach(peer, node.on_peer)
-        nodes[peer] = node
+    nodes = _two_nodes(model_dir, box)
     links = _Links(nodes)
     scheduler = box["scheduler"] = GenerationScheduler(run, UpdateRules(objective=ObjectiveConfig()), task, store,
                                                        book, evals, links, vocab_size=task.codec.vocab_size)
