@@ -67,7 +67,7 @@ def _versions_per_min(tmp_path, slow: bool, equal_shares: bool = False) -> tuple
         log.info("%s%s: %.1f versions/min, %.3f s of micro-batches a step; route weights %s; counters %s",
                  "slow" if slow else "clean", " (equal shares)" if equal_shares else "", rate, train_s,
                  stats["route_weights"], stats["counters"])
-        return rate, stats
+        return rate, {**stats, "throttled": swarm.peer_id("n3")}
     finally:
         swarm.stop()
 
@@ -80,8 +80,11 @@ def test_a_node_at_a_quarter_speed_cuts_versions_per_minute_by_no_more_than_its_
              slowed, ratio, IDEAL)
     assert clean > 0
     assert ratio >= IDEAL - NOISE, (clean, slowed, stats["route_weights"])
-    training = {tuple(r["route"]): r["rows_per_s"] for r in stats["route_weights"]["training"]}
-    assert len(training) >= 2 and max(training.values()) > 2 * min(training.values())  # the slow route is seen
+    # the slow route is seen: the route weights time its generation jobs as the slowest (a job's time follows
+    # its nodes' compute; training rows/s per route also carries the pass's waits and varied 2x between
+    # routes of a clean run)
+    slowest = max(stats["route_weights"]["generation"], key=lambda r: r["job_s"])
+    assert any(stats["throttled"].startswith(p) for p in slowest["route"]), (stats["throttled"], stats["route_weights"])
 
 
 @pytest.mark.skipif(os.environ.get("POLIS_SLOW_NODE_BASELINE") != "1",
