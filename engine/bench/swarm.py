@@ -138,6 +138,7 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
     os.environ.setdefault("POLIS_TORCH_THREADS", "1")
     from engine.rl.codec import TaskCodec
     from engine.rl.pipeline import LocalPipeline
+    from engine.rl.prompt_keys import LengthBuckets
     from engine.rl.rollout import generate_groups
     from engine.rl.tasks import make_task
 
@@ -147,14 +148,12 @@ def _in_process_generation(base: str, run, seconds: float) -> float:
     rng = np.random.default_rng(0)
     sampling = replace(run.sampling, max_rows_per_cache=run.prompts_per_job * run.group_size)
 
+    # one token length per job, held as the coordinator holds them (the character codec: a character a token)
+    buckets = LengthBuckets(run.prompts_per_job, len)
+    stream = iter(lambda: task.random_prompt(rng), None)
+
     def next_job() -> list[Group]:
-        length = None
-        prompts: list[str] = []
-        while len(prompts) < run.prompts_per_job:  # one token length per job, like the coordinator
-            p = task.random_prompt(rng)
-            if length is None or len(p) == length:
-                length = len(p)
-                prompts.append(p)
+        prompts = buckets.take(stream)
         return generate_groups(pipe, prompts, [codec.encode_prompt(p) for p in prompts], run.group_size,
                                sampling, codec.eos_id, rng)
 
