@@ -63,6 +63,8 @@ class NodeSession:
     joined: float = field(default_factory=time.time)
     role: str = "trainer"  #: "trainer" or "inference" (generation only)
     address: str = ""  #: the network address it connected from (identities per address are capped)
+    catch_ups: int = 0  #: times it said ready behind its stage's version and was told to catch up first
+    catching_up: bool = False  #: told to catch up and not ready since (the next apply waits for it a while)
 
 
 class Membership:
@@ -113,6 +115,10 @@ class Membership:
         """Generation routes: any ready replica of each stage (trainers, then inference replicas)."""
         trainers, inference = self.stage_replicas(), self.inference_replicas()
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
+
+    def catching_up(self) -> bool:
+        """Whether a trainer told to catch up with its stage has not said ready since."""
+        return any(s.catching_up for s in self.sessions.values())
 
     def leader(self, stage: int) -> str | None:
         """The trainer that leads ``stage`` (checkpoints it, streams to its inference replicas)."""

@@ -253,6 +253,8 @@ class Sync(WireMessage, frozen=True, tag="sync"):
     # version that hash to it (None: no vote behind this sync)
     weights_hash: Digest | None = None
     version: Version | None = None
+    # a trainer that said ready with weights older than its stage's: install these, then say ready again
+    catch_up: bool = False
 
 
 class Shutdown(WireMessage, frozen=True, tag="shutdown"):
@@ -476,6 +478,7 @@ class WeightsReq(WireMessage, frozen=True, tag="weights_req"):
     stage: StageIndex  # the stage wanted
     stream: bool = False  # inference replicas: also start a weight-delta stream from these weights
     outer_state: bool = False  # diloco resync: send the outer momentum next to the synced weights
+    optimizer_state: bool = False  # a trainer (every-step sync): send the AdamW moments too (adamw_transfer)
 
 
 class Weights(WireMessage, frozen=True, tag="weights"):

@@ -317,7 +317,8 @@ class Node:
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
             if welcome.source == "peer" and welcome.source_peer:
                 base = self._base_dir() if optimizer.lora.enabled else None  # LoRA: the frozen base from files
-                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer, base)
+                header, weights = await load_from_peer(ctx, spec, welcome.source_peer, optimizer, base,
+                                                       moments=self.replicas.wants_moments())
                 await self.replica.joined(welcome.source_peer, header, weights)
             else:
                 await load_from_files(ctx, self._base_dir(), spec, optimizer, welcome.stage_checkpoint,
@@ -422,7 +423,7 @@ class Node:
         exporter = sender not in self.ctx.stage_members() and self.export_permits.allows(sender, header.stage)
         if header.stage != self.ctx.stage.spec.stage_index or not (exporter or sender in self.ctx.stage_members()):
             raise ProtocolViolation(f"weights of stage {header.stage} asked by {sender}, not a replica of ours")
-        if exporter and (header.stream or header.outer_state):
+        if exporter and (header.stream or header.outer_state or header.optimizer_state):
             raise ProtocolViolation(f"exporter {sender} asked for a weight stream or optimiser state")
         if header.stream:
             self.leader.on_stream_request(sender, header, payload)

@@ -16,6 +16,7 @@ What it does not know: websockets, authentication, scheduling decisions.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Callable
 
 from engine.net.errors import ProtocolViolation
@@ -26,6 +27,11 @@ from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.step_runner import StepRunner
 from engine.swarm.store import Store
 from engine.swarm.stream_book import StreamBook
+
+log = logging.getLogger(__name__)
+
+#: most times a trainer that said ready behind its stage is sent to catch up before it is taken in as it is
+MAX_CATCH_UPS = 3
 
 
 class NodeReports:
@@ -57,9 +63,36 @@ class NodeReports:
         raise ProtocolViolation("hello twice")
 
     def _ready(self, session: NodeSession, message: messages.Ready) -> None:
+        session.version, session.catching_up = message.version, False
+        if message.stage == session.stage and self._catch_up(session):
+            return
         session.ready = message.stage == session.stage
-        session.version = message.version
         self.on_ready()
+
+    def _catch_up(self, session: NodeSession) -> bool:
+        """Whether a trainer that says ready is behind the stage's other trainers (they stepped while it
+        loaded) and was told to take a current replica's weights first (``sync`` with ``catch_up``; it says
+        ready again after). Stepping on stale weights would hand its siblings a gradient of old weights and
+        cost a resync at the next weight vote. The step runner holds the next ``apply`` while it catches up
+        (``NodeLinks.catching_up``), so it comes back at the stage's version. At most ``MAX_CATCH_UPS`` times
+        in a session (each holds the steps a bounded while: a node cannot stall the run by saying ready
+        again and again); after that it is taken in as it is and the weight vote resyncs it."""
+        if session.role != "trainer" or session.stage is None or session.catch_ups >= MAX_CATCH_UPS:
+            return False
+        others = [s for s in self.members.sessions.values() if s is not session and s.ready
+                  and s.role == "trainer" and s.stage == session.stage]
+        newest = max(others, key=lambda s: s.version, default=None)
+        if newest is None or session.version >= newest.version:
+            return False
+        source = self.members.leader(session.stage) or newest.peer_id
+        session.catch_ups += 1
+        session.catching_up = True
+        log.info("trainer %s is ready at version %d, stage %d at %d: it catches up from %s first",
+                 session.peer_id, session.version, session.stage, newest.version, source)
+        asyncio.get_running_loop().create_task(
+            self.members.send(session.peer_id, messages.Sync(source_peer=source, catch_up=True)),
+            name=f"polis-coord-catch-up-{session.peer_id[:8]}")
+        return True
 
     def _gen_done(self, session: NodeSession, message: messages.GenDone) -> None:
         self.generation.on_gen_done(session.peer_id, message)

@@ -12,7 +12,8 @@ applies, optionally writes the stage checkpoint, and reports ``stepped`` with a 
 weights (``engine.swarm.weight_votes``: the coordinator's majority vote). A replica that joins or
 was outvoted asks another for full weights (``weights_req`` / ``weights``; ``sync`` from the
 coordinator names the source, the version and the majority's digest, and weights that do not match
-are refused: a strike and ``weights_refused``, nothing installed).
+are refused: a strike and ``weights_refused``, nothing installed); a trainer gets the source's
+AdamW moments with them (``engine.swarm.adamw_transfer``), so its next step is its siblings'.
 
 With ``replica_sync.mode = "diloco"`` a trainer steps on its own gradient (no share) and,
 at versions that are multiples of ``inner_steps``, right after that inner step, sends its
@@ -41,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.net.errors import ProtocolViolation
-from engine.swarm import messages, tensor_bundle
+from engine.net.framing import FrameLimits
+from engine.swarm import adamw_transfer, messages, tensor_bundle
 from engine.swarm.messages import Apply, Share, Sync, Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
 from engine.swarm.outer_sync import MOMENTUM_PREFIX, OuterSync, scale_grads, split_momentum
@@ -100,7 +102,16 @@ class ReplicaStep:
         self.ctx.tasks.spawn(self._apply(msg), f"polis-apply-{msg.step}")
 
     def on_sync(self, msg: Sync) -> None:
-        self.ctx.tasks.spawn(self._resync(msg), "polis-resync")
+        self.ctx.tasks.spawn(self._catch_up(msg) if msg.catch_up else self._resync(msg), "polis-resync")
+
+    async def _catch_up(self, sync: Sync) -> None:
+        """A ``sync`` with ``catch_up``: our stage stepped while we loaded; take the source's weights, then
+        say ready again (also when they did not come: the coordinator then decides, not a hung join)."""
+        try:
+            await self._resync(sync)
+        finally:
+            stage = self.ctx.stage
+            await self.ctx.coordinator.send(messages.Ready(stage=stage.spec.stage_index, version=int(stage.rt.version)))
 
     def on_share(self, sender: str, header: Share, payload: bytes) -> None:
         if sender not in self.ctx.stage_members():
@@ -114,7 +125,13 @@ class ReplicaStep:
         self._share_event.set()
 
     def on_weights_req(self, sender: str, header: WeightsReq, payload: bytes) -> None:
-        self.ctx.tasks.spawn(self._send_weights(sender, header.outer_state), f"polis-weights-{sender[:8]}")
+        self.ctx.tasks.spawn(self._send_weights(sender, header.outer_state, header.optimizer_state),
+                             f"polis-weights-{sender[:8]}")
+
+    def wants_moments(self) -> bool:
+        """Whether this node asks for AdamW moments with full weights: a trainer syncing every step
+        (DiLoCo replicas keep their inner moments local)."""
+        return self.ctx.role == "trainer" and not self._diloco
 
     def forget(self, step: int | None = None) -> None:
         """Drop the shares of ``step`` (aborted), or of every step (jobs abandoned)."""
@@ -241,9 +258,16 @@ class ReplicaStep:
         return root / "stages" / (stage.run_id or "run") / f"stage{stage.spec.stage_index}.safetensors"
 
     # ------------------------------------------------------------------ full weights between replicas
-    async def _send_weights(self, peer: str, outer_state: bool = False) -> None:
+    async def _send_weights(self, peer: str, outer_state: bool = False, optimizer_state: bool = False) -> None:
         ctx, rt = self.ctx, self.ctx.stage.rt
-        state, version = await ctx.compute.run(rt.snapshot)
+        if optimizer_state and self.wants_moments():  # a sibling trainer: the moments read with the weights
+            state, version, moments = await ctx.compute.run(rt.snapshot_with_moments)
+            state, attached = adamw_transfer.attach(state, moments, FrameLimits().max_payload_bytes)
+            if not attached:
+                log.info("AdamW moments of stage %d too large to go with its weights to %s; they start over there",
+                         ctx.stage.spec.stage_index, peer)
+        else:
+            state, version = await ctx.compute.run(rt.snapshot)
         if self._diloco and self._outer is not None:  # the weights every replica agreed on last
             state = self._outer.weights()
             if outer_state:
@@ -256,14 +280,18 @@ class ReplicaStep:
     async def _resync(self, sync: Sync) -> None:
         ctx, rt, source = self.ctx, self.ctx.stage.rt, sync.source_peer
         waiter = ctx.weights.expect(source)
-        diloco = self._diloco
-        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index, outer_state=diloco))
+        diloco, moments_wanted = self._diloco, self.wants_moments()
+        await ctx.peers.send(source, WeightsReq(stage=ctx.stage.spec.stage_index, outer_state=diloco,
+                                                optimizer_state=moments_wanted))
         header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
         shapes = await ctx.compute.run(rt.shapes)
         expected = dict(shapes)
         if diloco:  # the outer momentum may come along (none before the first outer step)
             expected.update({MOMENTUM_PREFIX + n: s for n, s in shapes.items()})
+        if moments_wanted:  # and the AdamW moments with a sibling trainer's weights
+            expected.update(adamw_transfer.expected_shapes(shapes))
         received = tensor_bundle.unpack(header.tensors, payload, expected)
+        received, moments = adamw_transfer.split(received, shapes, source)
         weights, momentum = split_momentum(received)
         if len(weights) != len(shapes):
             raise ProtocolViolation(f"weights from {source} lack {len(shapes) - len(weights)} tensors")
@@ -281,6 +309,10 @@ class ReplicaStep:
                                                                    reason=reason))
                 return
         await ctx.compute.run(rt.set_weights, weights, header.version)
+        if moments is not None:
+            await ctx.compute.run(rt.load_optimizer_state, moments)
+        elif moments_wanted:
+            log.info("resync source %s sent no AdamW moments; ours stay as they were", source)
         self._compressor.reset()
         if diloco:
             self._outer = OuterSync(ctx.stage.run_cfg.replica_sync, weights, momentum)

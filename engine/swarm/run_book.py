@@ -50,6 +50,10 @@ class NodeLinks(Protocol):
     def inference_replicas(self) -> list[list[str]]:
         """The ready inference replicas of each stage (they follow the leader's weight stream)."""
 
+    def catching_up(self) -> bool:
+        """Whether a trainer that said ready behind its stage is still taking a replica's weights (the
+        next ``apply`` waits for it, a bounded while, so it joins at the stage's version)."""
+
     def evict(self, peer_id: str, why: str) -> None:
         """Take ``peer_id`` out of every route now, close its session and refuse it for a while
         (``why``: what it failed to do, for the log and the node)."""

@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 
 from backends.base import OptimizerConfig, StageSpec
-from engine.swarm import tensor_bundle
+from engine.net.errors import ProtocolViolation
+from engine.swarm import adamw_transfer, tensor_bundle
 from engine.swarm.messages import Weights, WeightsReq
 from engine.swarm.node_context import NodeContext
 from engine.swarm.replica_step import WEIGHTS_TIMEOUT_S
@@ -60,18 +61,21 @@ async def load_from_files(ctx: NodeContext, base: Path, spec: StageSpec, optimiz
                           None if ctx.role == "inference" else version)
 
 
-async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
-                         optimizer: OptimizerConfig, base: Path | None = None) -> tuple[Weights, dict]:
+async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str, optimizer: OptimizerConfig,
+                         base: Path | None = None, moments: bool = False) -> tuple[Weights, dict]:
     """Load ``spec`` from ``peer``'s weights; ``(weights header, weights)`` as they arrived.
 
     Under LoRA (``optimizer.lora.enabled``) the peer sends its adapters only: the frozen base
-    of the stage is read from ``base`` (this machine's copy of the run's model) first."""
+    of the stage is read from ``base`` (this machine's copy of the run's model) first. With
+    ``moments`` (a trainer syncing every step) the peer's AdamW moments come along and are
+    installed too (``engine.swarm.adamw_transfer``), so this replica's next step is the peer's."""
     from backends.stage_layout import plan_stage
     from engine.model.config import ModelConfig
 
     waiter = ctx.weights.expect(peer)
     # an inference replica also follows the weight stream that starts from these weights
-    await ctx.peers.send(peer, WeightsReq(stage=spec.stage_index, stream=ctx.role == "inference"))
+    await ctx.peers.send(peer, WeightsReq(stage=spec.stage_index, stream=ctx.role == "inference",
+                                          optimizer_state=moments))
     header, payload = await asyncio.wait_for(waiter, WEIGHTS_TIMEOUT_S)
     rt = ctx.stage.rt
     if optimizer.lora.enabled:
@@ -79,14 +83,33 @@ async def load_from_peer(ctx: NodeContext, spec: StageSpec, peer: str,
             raise ValueError("a LoRA stage loads its frozen base from files; no base checkpoint given")
         # the frozen base as version 0; the adapters that follow carry the peer's version
         await ctx.compute.run(rt.load_checkpoint, base, spec, optimizer, None, 0)
-        weights = tensor_bundle.unpack(header.tensors, payload, await ctx.compute.run(rt.shapes), require_all=True)
+        shapes = await ctx.compute.run(rt.shapes)
+        weights, adamw = _unpack(header, payload, shapes, moments, peer)
         await ctx.compute.run(rt.set_weights, weights, header.version)
         log.info("loaded stage %d (version %d): base from %s, adapters from replica %s", spec.stage_index,
                  header.version, base, peer)
-        return header, weights
-    config = ModelConfig.from_dict(header.config, source=f"replica {peer}")
-    layout = plan_stage(spec, config, [e.name for e in header.tensors])
-    weights = tensor_bundle.unpack(header.tensors, payload, layout.shapes, require_all=True)
-    await ctx.compute.run(ctx.stage.rt.load_weights, spec, header.config, weights, optimizer, header.version)
-    log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header.version, peer)
+    else:
+        config = ModelConfig.from_dict(header.config, source=f"replica {peer}")
+        names = [e.name for e in header.tensors if not e.name.startswith(adamw_transfer.PREFIX)]
+        weights, adamw = _unpack(header, payload, plan_stage(spec, config, names).shapes, moments, peer)
+        await ctx.compute.run(rt.load_weights, spec, header.config, weights, optimizer, header.version)
+        log.info("loaded stage %d (version %d) from replica %s", spec.stage_index, header.version, peer)
+    if adamw is not None:
+        await ctx.compute.run(rt.load_optimizer_state, adamw)
+    elif moments:
+        log.info("replica %s sent no AdamW moments (too large for one message); ours start fresh", peer)
     return header, weights
+
+
+def _unpack(header: Weights, payload: bytes, shapes: dict[str, tuple[int, ...]], moments: bool,
+            peer: str) -> tuple[dict, dict | None]:
+    """``(weights, AdamW moments or None)`` of a ``weights`` message: every weight must be there."""
+    expected = dict(shapes)
+    if moments:
+        expected.update(adamw_transfer.expected_shapes(shapes))
+    received = tensor_bundle.unpack(header.tensors, payload, expected)
+    weights, adamw = adamw_transfer.split(received, shapes, peer)
+    if len(weights) != len(shapes):
+        missing = sorted(set(shapes) - set(weights))
+        raise ProtocolViolation(f"weights from {peer} lack {len(missing)} tensors, e.g. {missing[:3]}")
+    return weights, adamw

@@ -260,6 +260,15 @@ class StageRuntime:
         """The weights and the version they are, read together (nothing can step in between)."""
         return self.state_dict(), self.version
 
+    def snapshot_with_moments(self) -> tuple[dict[str, np.ndarray], int, dict[str, np.ndarray]]:
+        """The weights, their version and the AdamW state (``backends.optimizer_state`` format),
+        read together: a trainer that installs all three takes the very step its source takes next."""
+        return self.state_dict(), self.version, self._b().optimizer_state()
+
+    def load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the AdamW state (validated whole by the backend first: on error nothing changes)."""
+        self._b().load_optimizer_state(state)
+
     def checksum(self) -> float:
         """A cheap fingerprint of the weights: replicas that agree have equal checksums."""
         from engine.swarm.tensor_bundle import checksum

@@ -56,6 +56,9 @@ from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
 
+#: longest a step waits for a trainer that joined behind its stage to take a replica's weights
+CATCH_UP_HOLD_S = 10.0
+
 
 Route = tuple[str, ...]
 
@@ -366,7 +369,15 @@ class StepRunner:
                     self.book.counters["audit_dropped_rows"] += batch.samples_in_row(r)
 
     # ------------------------------------------------------------------ optimiser step
+    async def _wait_for_catch_ups(self) -> None:
+        """Hold the step while a trainer that joined behind its stage takes a replica's weights
+        (``NodeLinks.catching_up``), at most ``CATCH_UP_HOLD_S``: it then joins at the stage's version."""
+        deadline = time.monotonic() + CATCH_UP_HOLD_S
+        while self.links.catching_up() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
     async def _apply(self, step: int) -> bool:
+        await self._wait_for_catch_ups()
         version = step + 1
         checkpoint = version % self.run.checkpoint_every_versions == 0
         expected: set[str] = set()

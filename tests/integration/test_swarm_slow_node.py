@@ -1,12 +1,12 @@
 """One node at a quarter of the others' speed costs the swarm no more than its share (issue 15 point 5).
 
 Real processes on 127.0.0.1: a coordinator and four torch trainers, two stages x two replicas,
-measured twice in one test: every node at full speed, then the same swarm with one stage-1 node
-throttled to 1/4 (``tests.support.throttled_node``: each compute call is followed by a sleep of
-3x its own time, which leaves the CPU to the others).
+measured twice in one test: every node at full speed, then the same swarm with one node (on
+whichever stage it was placed) throttled to 1/4 (``tests.support.throttled_node``: each compute
+call is followed by a sleep of 3x its own time, which leaves the CPU to the others).
 
 What "its share" means here. A pipeline runs at the pace of its slowest stage. The throttled
-node is half of stage 1's capacity; at 1/4 speed stage 1 keeps 1/2 + 1/2 x 1/4 = 5/8 of it, so
+node is half of its stage's capacity; at 1/4 speed that stage keeps 1/2 + 1/2 x 1/4 = 5/8 of it, so
 a swarm that gives each route work in proportion to its speed keeps 5/8 of its versions per
 minute (``IDEAL``). A swarm that shares work equally does worse: every training pass waits for
 the slow route's equal rows (4x their time), and the slow route's generation jobs hold the
@@ -17,6 +17,7 @@ node's sleep gives the others CPU back and the measured ratio can exceed the ide
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -53,7 +54,7 @@ def _versions_per_min(tmp_path, slow: bool, equal_shares: bool = False) -> tuple
     swarm = Swarm(tmp_path, settings=RUN, coordinator_command=coordinator_argv if equal_shares else None)
     try:
         swarm.start_coordinator()
-        for k, name in enumerate(["n0", "n1", "n2", "n3"]):  # joined one by one: n1 and n3 serve stage 1
+        for k, name in enumerate(["n0", "n1", "n2", "n3"]):  # joined one by one
             swarm.start_node(name, slowdown=SLOWDOWN if slow and name == "n3" else None)
             swarm.wait(lambda s, k=k: _nodes_in(s) > k, timeout_s=60, what=f"node {name} to join")
         stats = swarm.wait(lambda s: s["version"] >= WARM_VERSIONS and all(n["ready"] for n in s["nodes"]),
@@ -73,18 +74,29 @@ def _versions_per_min(tmp_path, slow: bool, equal_shares: bool = False) -> tuple
 
 
 def test_a_node_at_a_quarter_speed_cuts_versions_per_minute_by_no_more_than_its_share(tmp_path):
-    clean, _ = _versions_per_min(tmp_path / "clean", slow=False)
+    clean, clean_stats = _versions_per_min(tmp_path / "clean", slow=False)
     slowed, stats = _versions_per_min(tmp_path / "slow", slow=True)
+    # replicas that joined a stage which had stepped took their siblings' AdamW moments with the weights:
+    # no weight vote found an honest replica apart, so none was resynced or evicted
+    for run in (clean_stats, stats):
+        assert run["weight_votes"].get("resyncs", 0) == 0 and run["weight_votes"].get("evicted", 0) == 0, \
+            run["weight_votes"]
     ratio = slowed / clean
     log.info("versions/min clean %.1f, one node at 1/%g speed %.1f: ratio %.2f (ideal %.3f)", clean, SLOWDOWN,
              slowed, ratio, IDEAL)
     assert clean > 0
     assert ratio >= IDEAL - NOISE, (clean, slowed, stats["route_weights"])
-    # the slow route is seen: the route weights time its generation jobs as the slowest (a job's time follows
-    # its nodes' compute; training rows/s per route also carries the pass's waits and varied 2x between
-    # routes of a clean run)
-    slowest = max(stats["route_weights"]["generation"], key=lambda r: r["job_s"])
-    assert any(stats["throttled"].startswith(p) for p in slowest["route"]), (stats["throttled"], stats["route_weights"])
+    # the slow node is seen: of all nodes, the route weights send the least generation work through the
+    # throttled one (the sum of jobs/s over the routes it is on: 12.9-20.8 vs 28.9-84 for the others in three
+    # runs). Not a route's job time: the in-flight limits give a slow route fewer jobs at once, so a job's
+    # latency there stayed level with the others' (~0.08 s); nor the weakest single route: the throttled node
+    # may sit on stage 0 or 1, and its stage-mate's routes share its slow partner
+    through: dict[str, float] = {}
+    for route in stats["route_weights"]["generation"]:
+        for peer in route["route"]:
+            through[peer] = through.get(peer, 0.0) + route["jobs_per_s"]
+    assert stats["throttled"].startswith(min(through, key=through.get)), json.dumps([stats["throttled"],
+                                                                                     stats["route_weights"]])
 
 
 @pytest.mark.skipif(os.environ.get("POLIS_SLOW_NODE_BASELINE") != "1",

@@ -32,20 +32,19 @@ def test_a_lowest_id_replica_serving_random_weights_is_outvoted_resynced_and_evi
     swarm = Swarm(tmp_path, stages=1, settings=RUN, coordinator_args=["--step-timeout-s", "60"])
     try:
         swarm.start_coordinator()
-        honest = {swarm.peer_id("h0"), swarm.peer_id("h1")}
         # the liar's id sorts first: the old "smallest id leads" rule would have made it the leader
-        name = next(n for n in (f"liar{i}" for i in range(64)) if swarm.peer_id(n) < min(honest))
-        liar = swarm.peer_id(name)
-        for node in ("h0", "h1"):
+        name, *honest_names = sorted(("n0", "n1", "n2"), key=swarm.peer_id)
+        liar, honest = swarm.peer_id(name), {swarm.peer_id(n) for n in honest_names}
+        for node in honest_names:
             swarm.start_node(node)
         swarm.wait(lambda s: {n["peer_id"] for n in s["nodes"] if n["ready"]} >= honest, timeout_s=120,
                    what="the honest two to be ready")
-        swarm.start_node(name, misbehaviour="serves_random_weights")
-        swarm.wait(lambda s: any(n["peer_id"] == liar and n["ready"] for n in s["nodes"]), timeout_s=120,
-                   what="the liar to be ready")
         started = time.monotonic()
-        stats = swarm.wait(lambda s: s["weight_votes"].get("evicted", 0) >= 1, timeout_s=150,
-                           what="the liar to be evicted")
+        swarm.start_node(name, misbehaviour="serves_random_weights")
+        # not "wait for the liar to be ready" first: at ~10 versions/s its three lost votes can come and go
+        # between two polls of the stats (a fresh-clone run timed out waiting for a ready it had passed)
+        stats = swarm.wait(lambda s: s["weight_votes"].get("evicted", 0) >= 1, timeout_s=240,
+                           what="the liar to join and be evicted")
         evicted_after_s = time.monotonic() - started
         votes = stats["weight_votes"]
         assert votes.get("resyncs", 0) >= 1, votes  # outvoted: told to take the majority's weights first
@@ -62,7 +61,7 @@ def test_a_lowest_id_replica_serving_random_weights_is_outvoted_resynced_and_evi
         audit = stats["logprob_audit"]  # honest generators, checked on the other replica: far below the limit
         assert all(audit[p]["gross"] == 0 and audit[p]["max_mismatch_nats"] < GROSS_MISMATCH_NATS / 4
                    for p in honest if p in audit), audit
-        print(f"liar evicted {evicted_after_s:.0f} s after it was ready, at v{at_eviction}; votes {votes}; "
+        print(f"liar evicted {evicted_after_s:.0f} s after it was started, at v{at_eviction}; votes {votes}; "
               f"log-prob audit {audit}")
     finally:
         swarm.stop()

@@ -6,11 +6,11 @@ change in this process only: ``StepRunner.maybe_train`` takes no batch until ``T
 have been ready together for ``SETTLE_S`` seconds; from then on it is the real one (a trainer that
 leaves later does not stop it). Generation and the "before" eval run meanwhile.
 
-Why: a trainer that joins a stage that has already stepped gets its siblings' weights but not
-their AdamW moments, so its next step differs from theirs and the weight votes resync it, then
-evict it after three votes. And replicas that became ready together dial each other at once: a
-link replaced in its first second can drop the first gradient share sent on it (the step waits
-out the share deadline and the replicas diverge once). A test whose replicas must all be in the
+Why: a trainer that joins a stage that has already stepped first catches up (a replica's weights
+and AdamW moments, ``engine.swarm.adamw_transfer``), so it takes no part in the steps before. And
+replicas that became ready together dial each other at once: a link replaced in its first second
+can drop the first gradient share sent on it (the step waits out the share deadline and the
+replicas diverge once). A test whose replicas must all be in the
 stage from its first update, exchanging every share (to see what they do to each other's steps,
 not to a latecomer or a lost message), starts them together behind this gate.
 

@@ -113,8 +113,9 @@ class ServesRandomWeights:
     """A stage runtime wrapper for a replica that trains honestly but serves random weights.
 
     Everything reads through to ``inner`` (gradients, steps, shapes), except the weights others
-    see: ``state_dict`` / ``snapshot`` (what ``weights`` answers and weight streams carry, and what
-    its own digest is computed from) return random tensors of the right shapes, fixed per version.
+    see: ``state_dict`` / ``snapshot`` / ``snapshot_with_moments`` (what ``weights`` answers and
+    weight streams carry, and what its own digest is computed from) return random tensors of the
+    right shapes, fixed per version.
     ``set_weights`` installs into ``inner``, and it goes on serving random ones. With
     :func:`claim_honest_digest` its ``stepped`` reports the digest of the honest weights instead:
     the lie a vote cannot see, which only a follower that checks what it was sent can catch.
@@ -135,6 +136,11 @@ class ServesRandomWeights:
 
     def snapshot(self) -> tuple[dict, int]:
         return self.state_dict(), self.inner.version
+
+    def snapshot_with_moments(self) -> tuple[dict, int, dict]:
+        """What a sibling trainer that joins or resyncs gets: random weights, its honest AdamW moments."""
+        _, version, moments = self.inner.snapshot_with_moments()
+        return self.state_dict(), version, moments
 
     def checksum(self) -> float:
         from engine.swarm.tensor_bundle import checksum

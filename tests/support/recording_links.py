@@ -51,6 +51,9 @@ class RecordingLinks:
     def inference_replicas(self) -> list[list[str]]:
         return [[] for _ in self.stages]
 
+    def catching_up(self) -> bool:
+        return False
+
     def evict(self, peer_id: str, why: str) -> None:
         self.evicted.append((peer_id, why))
         self.stages = [[p for p in ids if p != peer_id] for ids in self.stages]

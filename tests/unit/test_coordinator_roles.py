@@ -112,3 +112,34 @@ def test_stream_reports_are_checked_against_roles_and_stages_and_shown_in_stats(
     replica = stats["weight_stream"]["replicas"]["inf0"]
     assert replica["in_sync"] and replica["served_version"] == 1 and c.sessions["inf0"].version == 1
     assert stats["weight_stream"]["ratio_vs_dense_fp32"] == 0.25
+
+
+def test_a_trainer_ready_behind_its_stage_catches_up_from_the_leader_before_it_is_taken_in(coordinator):
+    """Its stage stepped while it loaded: stepping on those weights would hand its siblings a gradient of old
+    weights and lose the next vote. It is sent to catch up (``sync`` with ``catch_up``) and taken in when it
+    says ready at the stage's version, or after ``MAX_CATCH_UPS`` tries, whatever it holds."""
+    from engine.swarm.node_reports import MAX_CATCH_UPS
+
+    c = coordinator
+    c.sessions["trn0"].version = 40
+    late = c.sessions["trn2"] = NodeSession("trn2", FakeWs("trn2", c.outbox), "torch", "cpu", stage=0)
+
+    async def ready(version: int) -> None:
+        handle(c, late, {"type": "ready", "stage": 0, "version": version})
+        await asyncio.sleep(0.05)  # the sync goes out on its own task
+
+    async def scenario() -> None:
+        await ready(19)
+        assert not late.ready and c.members.routes() == [["trn0", "trn1"]]
+        syncs = [m for peer, m in c.outbox if peer == "trn2" and m["type"] == "sync"]
+        assert len(syncs) == 1 and syncs[0]["source_peer"] == "trn0" and syncs[0]["catch_up"]
+        assert late.catching_up and c.members.catching_up()  # the next apply waits for it
+        await ready(40)  # caught up
+        assert late.ready and late.version == 40 and not c.members.catching_up()
+        late.ready, c.sessions["trn0"].version = False, 90  # moved, and its stage ran ahead again
+        for _ in range(MAX_CATCH_UPS - 1):  # a session's catch-ups are counted over its life
+            await ready(41)
+            assert not late.ready
+        await ready(41)  # taken in as it is: the next vote resyncs it (no node stalls the steps for long)
+        assert late.ready and not c.members.catching_up()
+    asyncio.run(scenario())

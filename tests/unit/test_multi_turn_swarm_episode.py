@@ -111,6 +111,9 @@ class _Links:
     def inference_replicas(self) -> list[list[str]]:
         return [[], []]
 
+    def catching_up(self) -> bool:
+        return False
+
 
 class _ToScheduler:
     """A node's coordinator sender that hands results to the scheduler, as the coordinator does."""

@@ -128,6 +128,16 @@ class SeededRuntime:
     def snapshot(self):
         return self.state_dict(), self.version
 
+    def snapshot_with_moments(self):  # plain SGD steps: AdamW moments of zeros travel with the weights
+        moments = {}
+        for n, w in self.weights.items():
+            moments.update({f"{n}.exp_avg": np.zeros_like(w), f"{n}.exp_avg_sq": np.zeros_like(w),
+                            f"{n}.step": np.float32(self.version)})
+        return self.state_dict(), self.version, moments
+
+    def load_optimizer_state(self, moments):
+        self.moments_loaded = moments
+
     def shapes(self):
         return {n: w.shape for n, w in self.weights.items()}
 

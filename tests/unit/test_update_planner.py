@@ -130,6 +130,9 @@ class PlayedSwarm:
     def inference_replicas(self):
         return [[], []]
 
+    def catching_up(self) -> bool:
+        return False
+
     def leader(self, stage):
         return self.stage_replicas()[stage][0]
 
