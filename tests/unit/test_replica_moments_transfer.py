@@ -8,18 +8,14 @@ format (``engine.swarm.adamw_transfer``) refuses partial or invalid moments befo
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from engine.net.errors import ProtocolViolation
-from engine.paths import base_checkpoint_dir
 from engine.swarm import adamw_transfer, messages
-from engine.swarm.node import Node, NodeConfig
+from engine.swarm.node import Node
 from engine.swarm.run_config import RunConfig
-from tests.support.memory_wire import MemoryWire, RecordingCoordinator
+from tests.support.memory_wire import MemoryWire
 
 A, B, C = "peer0000", "peer1111", "peer2222"
 INPUTS = {A: [[1, 5, 6, 9, 11], [1, 7, 8, 10, 12]], B: [[1, 9, 8, 7, 6], [1, 12, 11, 10, 5]],
@@ -80,18 +76,6 @@ def test_partial_or_invalid_moments_are_refused_as_a_protocol_violation(spoil):
 
 # ---------------------------------------------------------------------------- real nodes
 
-def _node(peer_id: str, wire: MemoryWire) -> Node:
-    node = Node(NodeConfig("http://127.0.0.1:9", backend="torch", device="cpu",
-                           base_checkpoint=str(base_checkpoint_dir())),
-                SimpleNamespace(peer_id=peer_id), peers=wire.sender(peer_id), coordinator=RecordingCoordinator())
-    wire.attach(peer_id, node.on_peer)
-    return node
-
-
-def _send(node: Node, message: dict) -> None:
-    node.on_coordinator(messages.decode_from_coordinator(json.dumps(message)))
-
-
 def _welcome(run: RunConfig, source: str = "checkpoint", source_peer: str | None = None) -> dict:
     return {"type": "welcome", "stage": 0, "num_stages": 1, "layer_start": 0, "layer_end": 2, "num_layers": 2,
             "source": source, "source_peer": source_peer, "stage_checkpoint": None, "version": 0,
@@ -99,7 +83,7 @@ def _welcome(run: RunConfig, source: str = "checkpoint", source_peer: str | None
 
 
 async def _step(nodes: dict[str, Node], step: int, run: RunConfig, behaviour: dict) -> None:
-    from tests.unit.test_node_pipeline import _sent, _until
+    from tests.unit.test_node_pipeline import _send, _sent, _until
 
     for peer, node in nodes.items():  # each replica trains on its own micro-batch
         _send(node, {"type": "train_in", "step": step, "mb": 0, "route": [peer], "inputs": INPUTS[peer]})
@@ -122,7 +106,7 @@ def _same(x: dict[str, np.ndarray], y: dict[str, np.ndarray]) -> bool:
 @pytest.mark.parametrize("how", ["joins", "resynced"])
 def test_a_trainer_that_joins_or_is_resynced_takes_the_same_next_step_as_its_siblings(how):
     pytest.importorskip("torch")
-    from tests.unit.test_node_pipeline import _run, _sent, _until
+    from tests.unit.test_node_pipeline import _node, _run, _send, _sent, _until
 
     run = RunConfig(lr=1e-2, activation_encoding="fp32")
     wire = MemoryWire()
