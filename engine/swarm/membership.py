@@ -39,6 +39,10 @@ from engine.swarm.run_book import SEND_TIMEOUT_S
 from engine.swarm.tickets import TicketIssuer
 from engine.swarm.weight_votes import WeightAuthority
 
+#: how long the steps wait, at most, for a trainer told to catch up (from when it was told): it loads a
+#: replica's weights and moments over the data channel (seconds for a stage of SmolLM2-135M on a LAN)
+CATCH_UP_HOLD_S = 10.0
+
 log = logging.getLogger(__name__)
 
 #: how long an evicted peer id is refused admission (seconds)
@@ -64,7 +68,11 @@ class NodeSession:
     role: str = "trainer"  #: "trainer" or "inference" (generation only)
     address: str = ""  #: the network address it connected from (identities per address are capped)
     catch_ups: int = 0  #: times it said ready behind its stage's version and was told to catch up first
-    catching_up: bool = False  #: told to catch up and not ready since (the next apply waits for it a while)
+    catching_up: bool = False  #: told to catch up and has not said ready since
+    #: when (``time.monotonic()``) the steps began to wait for its catch-up (None: they do not): only for
+    #: a catch-up after one it finished (it loads, but its stage outran it), and at most
+    #: ``CATCH_UP_HOLD_S`` from then however many steps come, so one that goes dark mid-load holds none
+    holds_steps_since: float | None = None
 
 
 class Membership:
@@ -117,8 +125,11 @@ class Membership:
         return self._pipelines([t + i for t, i in zip(trainers, inference)])
 
     def catching_up(self) -> bool:
-        """Whether a trainer told to catch up with its stage has not said ready since."""
-        return any(s.catching_up for s in self.sessions.values())
+        """Whether the steps wait for a trainer's catch-up (``NodeSession.holds_steps_since``): one that
+        finished a catch-up and was outrun again, told less than ``CATCH_UP_HOLD_S`` ago, not ready since."""
+        now = time.monotonic()
+        return any(s.catching_up and s.holds_steps_since is not None and now - s.holds_steps_since < CATCH_UP_HOLD_S
+                   for s in self.sessions.values())
 
     def leader(self, stage: int) -> str | None:
         """The trainer that leads ``stage`` (checkpoints it, streams to its inference replicas)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable
 
 from engine.net.errors import ProtocolViolation
@@ -63,20 +64,22 @@ class NodeReports:
         raise ProtocolViolation("hello twice")
 
     def _ready(self, session: NodeSession, message: messages.Ready) -> None:
-        session.version, session.catching_up = message.version, False
-        if message.stage == session.stage and self._catch_up(session):
+        finished_one = session.catching_up  # it took a replica's weights since it was told to
+        session.version, session.catching_up, session.holds_steps_since = message.version, False, None
+        if message.stage == session.stage and self._catch_up(session, hold=finished_one):
             return
         session.ready = message.stage == session.stage
         self.on_ready()
 
-    def _catch_up(self, session: NodeSession) -> bool:
+    def _catch_up(self, session: NodeSession, hold: bool) -> bool:
         """Whether a trainer that says ready is behind the stage's other trainers (they stepped while it
         loaded) and was told to take a current replica's weights first (``sync`` with ``catch_up``; it says
         ready again after). Stepping on stale weights would hand its siblings a gradient of old weights and
-        cost a resync at the next weight vote. The step runner holds the next ``apply`` while it catches up
-        (``NodeLinks.catching_up``), so it comes back at the stage's version. At most ``MAX_CATCH_UPS`` times
-        in a session (each holds the steps a bounded while: a node cannot stall the run by saying ready
-        again and again); after that it is taken in as it is and the weight vote resyncs it."""
+        cost a resync at the next weight vote. With ``hold`` (it finished a catch-up and the stage outran it
+        again) the step runner holds the next ``apply`` a bounded while (``NodeLinks.catching_up``), so it
+        comes back at the stage's version; a first catch-up holds nothing, so a node that goes dark while
+        loading costs no step. At most ``MAX_CATCH_UPS`` times in a session (a node cannot stall the run by
+        saying ready again and again); after that it is taken in as it is and the weight vote resyncs it."""
         if session.role != "trainer" or session.stage is None or session.catch_ups >= MAX_CATCH_UPS:
             return False
         others = [s for s in self.members.sessions.values() if s is not session and s.ready
@@ -86,7 +89,7 @@ class NodeReports:
             return False
         source = self.members.leader(session.stage) or newest.peer_id
         session.catch_ups += 1
-        session.catching_up = True
+        session.catching_up, session.holds_steps_since = True, time.monotonic() if hold else None
         log.info("trainer %s is ready at version %d, stage %d at %d: it catches up from %s first",
                  session.peer_id, session.version, session.stage, newest.version, source)
         asyncio.get_running_loop().create_task(

@@ -49,6 +49,7 @@ from engine.rl.update import UpdatePlan, UpdateRules, plan_update
 from engine.swarm import messages
 from engine.swarm.eval_scheduler import EvalScheduler
 from engine.swarm.logprob_audit import LogprobAudit, mismatch_by_generator, row_generators
+from engine.swarm.membership import CATCH_UP_HOLD_S
 from engine.swarm.microbatches import MicrobatchDispatcher
 from engine.swarm.run_book import NodeLinks, RunBook
 from engine.swarm.run_config import RunConfig
@@ -56,9 +57,9 @@ from engine.swarm.store import Store
 
 log = logging.getLogger(__name__)
 
-#: longest a step waits for a trainer that joined behind its stage to take a replica's weights
-CATCH_UP_HOLD_S = 10.0
-
+#: the steps wait for catch-ups (``NodeLinks.catching_up``) at most this share of the run's time, whoever
+#: asks: a credit of ``CATCH_UP_HOLD_S`` seconds that refills at this many seconds per second
+CATCH_UP_HOLD_SHARE = 0.1
 
 Route = tuple[str, ...]
 
@@ -138,6 +139,7 @@ class StepRunner:
         self._stage_figures: dict[int, list[dict]] = {}
         #: rollouts whose batch failed once for a reason other than a refusal (a second failure quarantines)
         self._failed_once: set[int] = set()
+        self._hold_credit_s, self._hold_credit_at = CATCH_UP_HOLD_S, time.monotonic()
 
     # ------------------------------------------------------------------ batches
     def take_groups(self) -> tuple[list[Group], list[list[int]], list[list[str | None]]] | None:
@@ -371,10 +373,16 @@ class StepRunner:
     # ------------------------------------------------------------------ optimiser step
     async def _wait_for_catch_ups(self) -> None:
         """Hold the step while a trainer that joined behind its stage takes a replica's weights
-        (``NodeLinks.catching_up``), at most ``CATCH_UP_HOLD_S``: it then joins at the stage's version."""
-        deadline = time.monotonic() + CATCH_UP_HOLD_S
+        (``NodeLinks.catching_up``), so it joins at the stage's version; at most the hold credit
+        (``CATCH_UP_HOLD_SHARE``): however many nodes ask, holds cost the run at most that share of its time."""
+        now = time.monotonic()
+        self._hold_credit_s = min(CATCH_UP_HOLD_S,
+                                  self._hold_credit_s + (now - self._hold_credit_at) * CATCH_UP_HOLD_SHARE)
+        deadline = now + self._hold_credit_s
         while self.links.catching_up() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        self._hold_credit_at = time.monotonic()
+        self._hold_credit_s -= self._hold_credit_at - now
 
     async def _apply(self, step: int) -> bool:
         await self._wait_for_catch_ups()

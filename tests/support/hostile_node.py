@@ -4,8 +4,9 @@ Two forms, one harness. A real node that misbehaves in one named way
 (``python -m tests.support.hostile_node MISBEHAVIOUR polis-args...``; :func:`node_argv`
 builds that command line; :data:`MISBEHAVIOURS` lists the ways): it is the real
 ``polis node`` (weights, WebRTC, compute) with one behaviour patched in this process only,
-switched on once the node reports ``ready``. And a bare websocket client, :func:`join`,
-which opens a real ``/node`` websocket to a running coordinator, answers the challenge
+switched on once the node reports ``ready`` (or, for :data:`ARMED_BY_WORK`, once the coordinator
+hands it its first work: a node that joins behind its stage first catches up). And a bare
+websocket client, :func:`join`, which opens a real ``/node`` websocket to a running coordinator, answers the challenge
 with a correctly signed hello whose other fields the test chooses (a stage that does not
 exist, a version from the far future, ...), and returns the coordinator's first reply
 (``welcome`` or ``shutdown``) with the socket still open, so the test can go on sending
@@ -53,6 +54,13 @@ MISBEHAVIOURS = {
     "overflows_shares": "sends (and aggregates) a gradient share of 3e38 in every entry (poisoned_share): two "
                         "such replicas of three overflow fp32",
 }
+
+#: misbehaviours that begin with the first work the coordinator hands the node (it is in the routes
+#: then): a node that says ready behind its stage is told to catch up first, and one that went dark at
+#: that ``ready`` would never be taken in, so what a silent peer costs the run would go unmeasured
+ARMED_BY_WORK = ("stop_reading_ws", "stop_draining_sctp")
+#: what the coordinator hands a node only once it is in the routes
+WORK_MESSAGES = (messages.Gen, messages.TrainIn, messages.TrainOut, messages.Apply)
 
 #: forgery rounds of a ``forges_routes`` node (bounded: each forgery is a strike at its receiver)
 FORGERY_ROUNDS = 3
@@ -256,26 +264,36 @@ def node_argv(misbehaviour: str, *polis_args: str) -> list[str]:
 
 
 def _patch(misbehaviour: str) -> None:
-    """Install ``misbehaviour`` in this process: it starts when the node first reports ``ready``."""
+    """Install ``misbehaviour`` in this process: it starts when the node first reports ``ready``, or
+    gets its first work (:data:`ARMED_BY_WORK`)."""
     from engine.swarm.coordinator_session import CoordinatorSession
     from engine.swarm.node import Node
     from engine.swarm.training import Training
 
     armed = asyncio.Event()
-    honest_ready = Node._ready
+    honest_ready, honest_on_coordinator = Node._ready, Node.on_coordinator
+
+    def arm(node: Node) -> None:
+        log.warning("hostile node %s now misbehaves: %s", node.ctx.peer_id, MISBEHAVIOURS[misbehaviour])
+        armed.set()
+        if misbehaviour == "serves_random_weights":
+            node.ctx.stage.rt = ServesRandomWeights(node.ctx.stage.rt)
+        if misbehaviour == "stop_reading_ws":
+            ws = node.session._ws
+            if ws is not None and ws._conn is not None and ws._conn.transport is not None:
+                ws._conn.transport.pause_reading()
 
     async def ready(self) -> None:
         await honest_ready(self)
-        if not armed.is_set():
-            log.warning("hostile node %s now misbehaves: %s", self.ctx.peer_id, MISBEHAVIOURS[misbehaviour])
-            armed.set()
-            if misbehaviour == "serves_random_weights":
-                self.ctx.stage.rt = ServesRandomWeights(self.ctx.stage.rt)
-            if misbehaviour == "stop_reading_ws":
-                ws = self.session._ws
-                if ws is not None and ws._conn is not None and ws._conn.transport is not None:
-                    ws._conn.transport.pause_reading()
+        if not armed.is_set() and misbehaviour not in ARMED_BY_WORK:
+            arm(self)
     Node._ready = ready
+
+    def on_coordinator(self, msg) -> None:
+        honest_on_coordinator(self, msg)
+        if not armed.is_set() and misbehaviour in ARMED_BY_WORK and isinstance(msg, WORK_MESSAGES):
+            arm(self)
+    Node.on_coordinator = on_coordinator
 
     if misbehaviour == "forges_rollouts":
         _forge_rollouts(armed)
@@ -307,7 +325,7 @@ def _patch(misbehaviour: str) -> None:
         honest_connect = CoordinatorSession._connect_once
 
         async def connect_once(self, stop, running):
-            if armed.is_set():  # a reconnect: it stays deaf, reading nothing after the welcome
+            if armed.is_set():  # a reconnect: it goes deaf again at its first work
                 armed.clear()
             await honest_connect(self, stop, running)
         CoordinatorSession._connect_once = connect_once

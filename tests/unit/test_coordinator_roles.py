@@ -117,7 +117,9 @@ def test_stream_reports_are_checked_against_roles_and_stages_and_shown_in_stats(
 def test_a_trainer_ready_behind_its_stage_catches_up_from_the_leader_before_it_is_taken_in(coordinator):
     """Its stage stepped while it loaded: stepping on those weights would hand its siblings a gradient of old
     weights and lose the next vote. It is sent to catch up (``sync`` with ``catch_up``) and taken in when it
-    says ready at the stage's version, or after ``MAX_CATCH_UPS`` tries, whatever it holds."""
+    says ready at the stage's version, or after ``MAX_CATCH_UPS`` tries, whatever it holds. The steps wait
+    only for a catch-up after one it finished, a bounded while."""
+    from engine.swarm.membership import CATCH_UP_HOLD_S
     from engine.swarm.node_reports import MAX_CATCH_UPS
 
     c = coordinator
@@ -133,13 +135,18 @@ def test_a_trainer_ready_behind_its_stage_catches_up_from_the_leader_before_it_i
         assert not late.ready and c.members.routes() == [["trn0", "trn1"]]
         syncs = [m for peer, m in c.outbox if peer == "trn2" and m["type"] == "sync"]
         assert len(syncs) == 1 and syncs[0]["source_peer"] == "trn0" and syncs[0]["catch_up"]
-        assert late.catching_up and c.members.catching_up()  # the next apply waits for it
-        await ready(40)  # caught up
-        assert late.ready and late.version == 40 and not c.members.catching_up()
+        # a first catch-up holds no step: a node that goes dark while it loads costs the run nothing
+        assert late.catching_up and not c.members.catching_up()
+        c.sessions["trn0"].version = 42
+        await ready(40)  # it loaded, and its stage stepped meanwhile: told again, and now the steps wait
+        assert not late.ready and c.members.catching_up()
+        late.holds_steps_since -= CATCH_UP_HOLD_S  # told a hold ago and still loading: steps go on without it
+        assert not late.ready and not c.members.catching_up()
+        await ready(42)  # caught up
+        assert late.ready and late.version == 42 and not c.members.catching_up()
         late.ready, c.sessions["trn0"].version = False, 90  # moved, and its stage ran ahead again
-        for _ in range(MAX_CATCH_UPS - 1):  # a session's catch-ups are counted over its life
-            await ready(41)
-            assert not late.ready
-        await ready(41)  # taken in as it is: the next vote resyncs it (no node stalls the steps for long)
+        await ready(43)  # its third catch-up in this session: the last (they are counted over its life)
+        assert not late.ready and late.catch_ups == MAX_CATCH_UPS == 3
+        await ready(43)  # taken in as it is: the next vote resyncs it (no node stalls the steps for long)
         assert late.ready and not c.members.catching_up()
     asyncio.run(scenario())
