@@ -45,6 +45,15 @@ def test_until_every_node_of_a_route_reported_its_compute_the_route_gets_the_cei
     assert pacer.limit(ROUTE, 8) == 8
 
 
+def test_a_hop_nobody_measured_counts_as_the_slowest_hop_measured_in_the_swarm():
+    pacer = _pacer(rtt_ms=80.0)  # ROUTE's hops measured at 80 ms
+    other = ["c", "d"]
+    for peer in other:
+        pacer.observe(peer, 100 * 0.005, 100, {})
+    assert pacer.estimate(other)["network_s"] == pytest.approx(0.080)  # not a loopback guess
+    assert pacer.limit(other, 32) == pacer.limit(ROUTE, 32) > 6
+
+
 def test_reports_are_averaged_and_each_hop_takes_both_ends_figures():
     pacer = _pacer(rtt_ms=80.0)
     pacer.observe(ROUTE[0], 100 * 0.015, 100, {ROUTE[1]: 120.0})
