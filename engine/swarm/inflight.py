@@ -19,8 +19,8 @@ round trip of each link). A hop whose RTT neither end has reported yet counts as
 slowest hop measured in the swarm (``DEFAULT_RTT_S`` before any): a new route on
 far links then starts with the jobs they need rather than a loopback guess that
 starves it until its nodes report (measured: 6 jobs on an 80 ms route in a demo
-that ended before the report); a route with a node that has not reported its compute gets the
-ceiling (what the scheduler did before the pacer).
+that ended before the report); a route with a node that has not reported its
+compute gets the ceiling (what the scheduler did before the pacer).
 
 What bounds jobs in flight, in order: this limit; the ceiling; the replay buffer
 (the scheduler dispatches training jobs only while ready + in-flight groups stay
@@ -96,8 +96,10 @@ class InFlightPacer:
             network = 0.0
         else:
             hops = [(route[i], route[(i + 1) % len(route)]) for i in range(len(route))]
-            unknown = max(self._rtt_s.values(), default=DEFAULT_RTT_S)  # the slowest hop measured
-            network = sum((self.hop_rtt_s(a, b) or unknown) / 2 for a, b in hops)
+            measured = [self.hop_rtt_s(a, b) for a, b in hops]
+            # the slowest hop measured (a scan of every link: only while one of the route's is unmeasured)
+            unknown = max(self._rtt_s.values(), default=DEFAULT_RTT_S) if None in measured else 0.0
+            network = sum(unknown if rtt is None else rtt for rtt in measured) / 2
         c_max = max(max(compute), 1e-6)
         return {"cycle_s": sum(compute) + network, "c_max_s": c_max, "network_s": network}
 

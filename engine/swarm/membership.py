@@ -69,9 +69,10 @@ class NodeSession:
     address: str = ""  #: the network address it connected from (identities per address are capped)
     catch_ups: int = 0  #: times it said ready behind its stage's version and was told to catch up first
     catching_up: bool = False  #: told to catch up and has not said ready since
-    #: when (``time.monotonic()``) the steps began to wait for its catch-up (None: they do not): only for
-    #: a catch-up after one it finished (it loads, but its stage outran it), and at most
-    #: ``CATCH_UP_HOLD_S`` from then however many steps come, so one that goes dark mid-load holds none
+    #: when (``time.monotonic()``) the steps began to wait for its catch-up (None: they do not; cleared
+    #: with ``catching_up`` when it says ready): only for a catch-up after one it finished (it loads,
+    #: but its stage outran it), and at most ``CATCH_UP_HOLD_S`` from then however many steps come,
+    #: so one that goes dark mid-load holds none
     holds_steps_since: float | None = None
 
 
@@ -128,7 +129,7 @@ class Membership:
         """Whether the steps wait for a trainer's catch-up (``NodeSession.holds_steps_since``): one that
         finished a catch-up and was outrun again, told less than ``CATCH_UP_HOLD_S`` ago, not ready since."""
         now = time.monotonic()
-        return any(s.catching_up and s.holds_steps_since is not None and now - s.holds_steps_since < CATCH_UP_HOLD_S
+        return any(s.holds_steps_since is not None and now - s.holds_steps_since < CATCH_UP_HOLD_S
                    for s in self.sessions.values())
 
     def leader(self, stage: int) -> str | None:

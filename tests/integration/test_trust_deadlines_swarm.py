@@ -4,9 +4,9 @@ One 2x2 swarm of real torch nodes, in two windows. The clean window sets the pac
 minute over ``CLEAN_WINDOW_S`` once training runs). Then three hostile real nodes
 (``tests.support.hostile_node``) join the same swarm: one ignores its training messages, one stops
 reading its coordinator websocket, one stops draining SCTP (the last two once they get work: they
-join behind the stage and catch up first, as an honest late joiner does). The hostile window opens when their
-processes start, so their start-up, their time in the routes and their eviction are all inside
-it, and it is long enough to hold them (``HOSTILE_WINDOW_S``). The run must keep at least half the
+join behind the stage and catch up first, as an honest late joiner does). The hostile window opens
+when their processes start, so their start-up, their time in the routes and their eviction are all
+inside it, and it is long enough to hold them (``HOSTILE_WINDOW_S``). The run must keep at least half the
 clean pace in it; each hostile node must be out of the training routes for good within two step
 deadlines of first becoming ready (a node that drops out and comes back counts from its first
 ready to its last exit); and no honest node may be evicted (an honest trainer paired with a

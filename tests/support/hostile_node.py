@@ -6,9 +6,9 @@ builds that command line; :data:`MISBEHAVIOURS` lists the ways): it is the real
 ``polis node`` (weights, WebRTC, compute) with one behaviour patched in this process only,
 switched on once the node reports ``ready`` (or, for :data:`ARMED_BY_WORK`, once the coordinator
 hands it its first work: a node that joins behind its stage first catches up). And a bare
-websocket client, :func:`join`, which opens a real ``/node`` websocket to a running coordinator, answers the challenge
-with a correctly signed hello whose other fields the test chooses (a stage that does not
-exist, a version from the far future, ...), and returns the coordinator's first reply
+websocket client, :func:`join`, which opens a real ``/node`` websocket to a running
+coordinator, answers the challenge with a correctly signed hello whose other fields the test
+chooses (a stage that does not exist, a version from the far future, ...), and returns the coordinator's first reply
 (``welcome`` or ``shutdown``) with the socket still open, so the test can go on sending
 whatever the misbehaviour needs; it never computes anything.
 
