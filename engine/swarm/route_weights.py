@@ -3,10 +3,17 @@
 Generation: each finished job is a sample of its route's throughput by Little's law, jobs per
 second = jobs the route held while it ran / the job's seconds (``gen_started`` records the load at
 dispatch, ``gen_finished`` the end), kept as a decayed average next to the route's seconds per job
-and row-tokens per second. :meth:`RouteWeights.pick_gen_route` gives the next job to the route that
-would finish one more job soonest, ``(load + 1) / jobs_per_s``, among those under their in-flight
-limit: a route through a node 4x slower takes about a quarter of the jobs while the replay buffer
-bounds the jobs in flight, and every route fills to its limit when it does not. A straggler —
+and row-tokens per second. :meth:`RouteWeights.pick_gen_route` shares jobs in proportion to those
+rates by stride scheduling (start-time fair queueing): each route has a virtual *pass* that a job
+sent to it advances by ``1 / jobs_per_s``, and the next job goes to the route under its in-flight
+limit whose pass after one more job is smallest (fewest jobs in flight on a tie). A route through
+a node 4x slower takes about a quarter of the jobs whether they are placed together or one at a
+time: the replay buffer often lets only one or two jobs out at once, and "the route that would
+finish one job soonest" then gave every job to the fastest route, never to a second trainer or an
+inference replica (their work, credit and the log-prob audit of what they generate all need
+jobs). A route at its limit, or new, starts from the virtual time of the last job sent (it saves
+no credit while it cannot take work), so every route fills to its limit when the buffer does not
+bound the jobs. A straggler —
 a job past ``HEDGE_FACTOR`` times its route's seconds per job and ``HEDGE_MIN_S`` — is worth a
 duplicate on the fastest other route (:meth:`RouteWeights.hedge_route`; the scheduler keeps the
 first result).
@@ -80,14 +87,21 @@ class RouteWeights:
         self._gen: dict[Route, GenEstimate] = {}
         self._train: dict[Route, float] = {}  #: route -> rows per second
         self._open: dict[str, _Open] = {}  #: generation job id -> its dispatch
+        self._pass: dict[Route, float] = {}  #: route -> its virtual pass (jobs sent / its rate, see the module)
+        self._virtual_s = 0.0  #: the pass at which the last job sent started
 
     # ------------------------------------------------------------------ generation
     def gen_started(self, job: str, route: Sequence[str], load: int) -> None:
         """``job`` left for ``route``, which then held ``load`` jobs (this one included)."""
+        key = tuple(route)
         self._open.pop(job, None)
-        self._open[job] = _Open(tuple(route), max(1, int(load)), self._clock())
+        self._open[job] = _Open(key, max(1, int(load)), self._clock())
         while len(self._open) > MAX_OPEN_JOBS:
             del self._open[next(iter(self._open))]
+        start = self._pass.pop(key, self._virtual_s)
+        self._virtual_s = max(self._virtual_s, start)
+        self._pass[key] = start + 1.0 / self.gen_rate(key)
+        _bound(self._pass)
 
     def gen_finished(self, job: str, row_tokens: int) -> None:
         """``job``'s result came back with ``row_tokens`` generated tokens over all its rows."""
@@ -118,11 +132,18 @@ class RouteWeights:
 
     def pick_gen_route(self, routes: Iterable[Sequence[str]], load: dict[Route, int],
                        limits: dict[Route, int]) -> list[str] | None:
-        """The route under its limit that would finish one more job soonest (None: all are full)."""
-        open_routes = [list(r) for r in routes if load.get(tuple(r), 0) < limits.get(tuple(r), 0)]
+        """The route under its limit whose pass after one more job is smallest (None: all are full).
+        A full route's pass is lifted to the virtual time: it saves no credit while it takes no work."""
+        open_routes = []
+        for r in routes:
+            key = tuple(r)
+            if load.get(key, 0) < limits.get(key, 0):
+                open_routes.append(list(r))
+            elif key in self._pass:
+                self._pass[key] = max(self._pass[key], self._virtual_s)
         if not open_routes:
             return None
-        return min(open_routes, key=lambda r: ((load.get(tuple(r), 0) + 1) / self.gen_rate(r),
+        return min(open_routes, key=lambda r: (self._pass.get(tuple(r), self._virtual_s) + 1.0 / self.gen_rate(r),
                                                load.get(tuple(r), 0)))
 
     def is_straggler(self, route: Sequence[str], elapsed_s: float) -> bool:

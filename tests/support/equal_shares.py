@@ -2,7 +2,7 @@
 
 ``python -m tests.support.equal_shares polis-args...`` (:func:`coordinator_argv` builds it) runs
 the real coordinator with every route credited the same speed in this process only
-(``engine.swarm.route_weights.RouteWeights``): generation jobs go to the least-loaded route and
+(``engine.swarm.route_weights.RouteWeights``): generation jobs go to every route in turn and
 each training route gets an equal share of a pass's rows, as before routes were weighted. Hedging
 stays on. Slow-node tests measure what the weighting buys against it.
 

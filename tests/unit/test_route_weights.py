@@ -38,14 +38,51 @@ def test_a_route_through_a_4x_slower_node_gets_a_quarter_of_the_jobs_the_buffer_
     assert weights.gen_rate(FAST) == pytest.approx(1.0) and weights.gen_rate(SLOW) == pytest.approx(0.25)
     load = {FAST: 0, SLOW: 0}
     limits = {FAST: 100, SLOW: 100}
-    for _ in range(10):  # ten jobs to place (the replay buffer's room), each where it finishes soonest
+    for k in range(10):  # ten jobs to place at once (the replay buffer's room), as the scheduler does
         route = tuple(weights.pick_gen_route([list(FAST), list(SLOW)], load, limits))
         load[route] += 1
+        weights.gen_started(f"j{k}", route, load[route])
     assert load == {FAST: 8, SLOW: 2}
     limits[FAST] = 8  # the fast route is at its in-flight limit: the rest go to the slow one
     assert weights.pick_gen_route([list(FAST), list(SLOW)], load, limits) == list(SLOW)
     limits[SLOW] = 2
     assert weights.pick_gen_route([list(FAST), list(SLOW)], load, limits) is None
+
+
+def test_jobs_placed_one_at_a_time_still_go_a_quarter_to_the_4x_slower_route_and_some_to_a_new_one():
+    """The replay buffer often lets one job out at a time: every pick then sees no load anywhere, and
+    "where one job finishes soonest" gave the fastest route every job (a second trainer or an inference
+    replica never generated, so its rows were never audited either)."""
+    weights, _ = _measured()
+    routes, given = [list(FAST), list(SLOW)], {FAST: 0, SLOW: 0}
+    for k in range(40):
+        route = tuple(weights.pick_gen_route(routes, {}, {FAST: 1, SLOW: 1}))
+        weights.gen_started(f"j{k}", route, 1)
+        weights.gen_abandoned(f"j{k}")  # done before the next is placed (its timing is not the point here)
+        given[route] += 1
+    assert given == {FAST: 32, SLOW: 8}
+    new = ("n0", "n1")  # never measured: as fast as the fastest, from the virtual time (no backlog of credit)
+    routes.append(list(new))
+    for k in range(20):
+        route = tuple(weights.pick_gen_route(routes, {}, {FAST: 1, SLOW: 1, new: 1}))
+        weights.gen_started(f"k{k}", route, 1)
+        weights.gen_abandoned(f"k{k}")
+        given[route] = given.get(route, 0) + 1
+    assert given[new] - 0 in (8, 9) and given[FAST] - 32 in (8, 9) and given[SLOW] - 8 in (2, 3), given
+
+
+def test_a_full_route_saves_no_credit_for_when_it_has_room_again():
+    weights, _ = _measured(slow_job_s=1.0)  # two routes alike
+    routes = [list(FAST), list(SLOW)]
+    for k in range(10):  # the slow route is full: the fast one takes all ten
+        assert weights.pick_gen_route(routes, {SLOW: 4}, {FAST: 4, SLOW: 4}) == list(FAST)
+        weights.gen_started(f"j{k}", FAST, 1)
+    given = {FAST: 0, SLOW: 0}
+    for k in range(10):  # room again: they take turns (the one that was full starts one job ahead, from
+        route = tuple(weights.pick_gen_route(routes, {}, {FAST: 4, SLOW: 4}))  # the last job's start), no
+        weights.gen_started(f"k{k}", route, 1)  # burst of ten to make up for the time it was full
+        given[route] += 1
+    assert given == {FAST: 4, SLOW: 6}
 
 
 def test_throughput_is_littles_law_over_the_load_each_job_saw_and_decays():
