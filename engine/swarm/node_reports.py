@@ -85,13 +85,19 @@ class NodeReports:
         others = [s for s in self.members.sessions.values() if s is not session and s.ready
                   and s.role == "trainer" and s.stage == session.stage]
         newest = max(others, key=lambda s: s.version, default=None)
-        if newest is None or session.version >= newest.version:
+        if newest is None:
+            return False
+        # a step in flight from the newest version: its siblings are about to be one version further,
+        # and a trainer taken in now would join the next step one version behind
+        applying = self.steps.book.applying
+        stage_version = applying if applying == newest.version + 1 else newest.version
+        if session.version >= stage_version:
             return False
         source = self.members.leader(session.stage) or newest.peer_id
         session.catch_ups += 1
         session.catching_up, session.holds_steps_since = True, time.monotonic() if hold else None
         log.info("trainer %s is ready at version %d, stage %d at %d: it catches up from %s first",
-                 session.peer_id, session.version, session.stage, newest.version, source)
+                 session.peer_id, session.version, session.stage, stage_version, source)
         asyncio.get_running_loop().create_task(
             self.members.send(session.peer_id, messages.Sync(source_peer=source, catch_up=True)),
             name=f"polis-coord-catch-up-{session.peer_id[:8]}")

@@ -150,3 +150,22 @@ def test_a_trainer_ready_behind_its_stage_catches_up_from_the_leader_before_it_i
         await ready(43)  # taken in as it is: the next vote resyncs it (no node stalls the steps for long)
         assert late.ready and not c.members.catching_up()
     asyncio.run(scenario())
+
+
+def test_a_trainer_ready_at_its_stage_version_while_a_step_from_it_is_in_flight_catches_up_first(coordinator):
+    """Its siblings were told to step to the next version and have not said 'stepped' yet: taken in now, it
+    would join the next step one version behind them and lose the next weight vote (CI saw one resync)."""
+    c = coordinator
+    c.sessions["trn0"].version = 42
+    c.book.begin_apply(43)  # the step 42 -> 43 is in flight
+    late = c.sessions["trn2"] = NodeSession("trn2", FakeWs("trn2", c.outbox), "torch", "cpu", stage=0)
+
+    async def scenario() -> None:
+        handle(c, late, {"type": "ready", "stage": 0, "version": 42})
+        await asyncio.sleep(0.05)  # the sync goes out on its own task
+        assert not late.ready and late.catching_up
+        assert [m["catch_up"] for peer, m in c.outbox if peer == "trn2" and m["type"] == "sync"] == [True]
+        c.sessions["trn0"].version = 43  # the step landed
+        handle(c, late, {"type": "ready", "stage": 0, "version": 43})
+        assert late.ready and late.version == 43
+    asyncio.run(scenario())
