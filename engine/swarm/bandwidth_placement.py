@@ -151,8 +151,10 @@ class BandwidthPlacement:
         allowed = [s for s in candidates if trainers[s] == least] if least == 0 else candidates
         return min(allowed, key=lambda s: (self.upload_s(peer, s, trainers[s] + 1) or 0.0, s != choice, s))
 
-    def snapshot(self, stages: list[list[str]], version_s: float | None) -> dict[str, Any]:
-        """For the stats API: the bytes model, each node's uplink and upload time, joins placed by uplink."""
+    def snapshot(self, stages: list[list[str]], version_s: float | None,
+                 inference: list[list[str]] | None = None) -> dict[str, Any]:
+        """For the stats API: the bytes model, each node's uplink and upload time (trainers of ``stages``;
+        the inference replicas of ``inference`` upload no training traffic), joins placed by uplink."""
         counts = [len(ids) for ids in stages]
         nodes = self.uplinks.snapshot(p for ids in stages for p in ids)
         for stage, ids in enumerate(stages):
@@ -160,5 +162,8 @@ class BandwidthPlacement:
                 seconds = self.upload_s(peer, stage, counts[stage])
                 nodes[peer[:8]].update(stage=stage, upload_s=None if seconds is None else round(seconds, 3),
                                        binds=self.binds(peer, stage, counts[stage], version_s))
+        for stage, ids in enumerate(inference or []):
+            for peer, entry in self.uplinks.snapshot(ids).items():
+                nodes[peer] = {**entry, "stage": stage, "role": "inference"}
         return {"bytes_per_version": self.traffic.snapshot(), "budget_s": round(self.budget_s(version_s), 3),
                 "nodes": nodes, "placed_by_uplink": self.placed}

@@ -68,6 +68,7 @@ from engine.swarm.bandwidth_placement import BandwidthPlacement, seconds_per_ver
 from engine.swarm.coordinator_session import welcome_bytes
 from engine.swarm.credit import FLUSH_S
 from engine.swarm.eval_scheduler import EvalScheduler
+from engine.swarm.link_roles import REVIEW_EVERY_S, slow_link_trainers
 from engine.swarm.membership import Membership, NodeSession
 from engine.swarm.node import hello_bytes
 from engine.swarm.node_reports import NodeReports
@@ -172,6 +173,7 @@ class Coordinator:
                                                                              for p in prompts)))
         self._version_s: float | None = None  #: recent seconds per version (refreshed by the tick)
         self._version_s_at = -float("inf")
+        self._roles_at = time.monotonic()  #: when trainers' links were last reviewed (``_review_roles``)
         if self.run.replica_sync.mode == "every_step":  # DiLoCo keeps replica r of every stage on route r
             self.members.route_key = lambda p, s, n: self.placement.route_key(p, s, n, self._version_s)
         self.reports = NodeReports(self.members, self.generation, self.steps, self.streams, self.store,
@@ -250,6 +252,9 @@ class Coordinator:
                 if time.monotonic() - self._version_s_at >= VERSION_S_EVERY_S:
                     self._version_s = seconds_per_version(self.store.version_page(None, 10))
                     self._version_s_at = time.monotonic()
+                if time.monotonic() - self._roles_at >= REVIEW_EVERY_S:
+                    self._roles_at = time.monotonic()
+                    await self._review_roles()
                 if self._train_task is None or self._train_task.done():
                     if self._train_task is not None and not self._train_task.cancelled() \
                             and self._train_task.exception():
@@ -293,7 +298,7 @@ class Coordinator:
                                 source_peer=source_peer, stage_checkpoint=checkpoint, version=self.book.version,
                                 run=self.run.to_dict(), run_id=self.run_id,
                                 signal_url=self.url.replace("http://", "ws://", 1) + "/signal",
-                                coordinator_key=self.public_key_b64)
+                                coordinator_key=self.public_key_b64, role=session.role)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ node sessions
     async def _node_ws(self, request: web.Request) -> web.WebSocketResponse:
@@ -369,7 +374,8 @@ class Coordinator:
                        f"join from another machine")))
             return None
         role = hello.role
-        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role, address=address)
+        session = NodeSession(peer_id, ws, hello.backend, hello.device, role=role, offered_role=role,
+                              address=address)
         slot = NodeSlot(peer_id, max_layers=hello.max_layers, role=role)
         # the coordinator owns placement and the version: a hello's stage is advice (see
         # ``resume_stage``) and its version is never adopted (one hello must not stall the run)
@@ -459,6 +465,7 @@ class Coordinator:
         log.info("node %s left stage %s", session.peer_id, session.stage)
         self.generation.on_node_lost(session.peer_id)
         self.steps.on_node_lost(session.peer_id)
+        await self._promote_where_no_trainer()  # before a trainer of another stage is moved to fill it
         for peer_id, old_stage, new_stage in rebalance(self.assignment):
             moved = self.sessions.get(peer_id)
             if moved is None:
@@ -467,6 +474,42 @@ class Coordinator:
             moved.stage, moved.ready = new_stage, False
             await self.members.send(peer_id, self._welcome(moved, new_stage, None))
         await self._broadcast_members()
+
+    # ------------------------------------------------------------------ roles (engine.swarm.link_roles)
+    async def _review_roles(self) -> None:
+        """Trainers whose links would set every step's pace serve generation only from now on."""
+        moves = slow_link_trainers(self.members.stage_replicas(), self.generation.pacer.link_rtts_s())
+        for peer, why in moves.items():
+            await self._set_role(peer, "inference", why)
+        if moves:
+            await self._broadcast_members()
+
+    async def _promote_where_no_trainer(self) -> None:
+        """A stage left with no trainer takes one of its inference replicas that offered to train."""
+        covered = self.assignment.replicas()
+        for stage in range(self.num_stages):
+            spare = sorted(s.peer_id for s in self.sessions.values() if s.stage == stage and s.ready
+                           and s.role == "inference" and s.offered_role == "trainer")
+            if not covered[stage] and spare:
+                await self._set_role(spare[0], "trainer", f"stage {stage} has no other trainer")
+
+    async def _set_role(self, peer: str, role: str, why: str) -> None:
+        """Move ``peer`` to ``role`` on its stage: its work in flight is failed over, then it reloads
+        (a new inference replica from the stage's leader; a new trainer from its own weights)."""
+        session, slot = self.sessions.get(peer), self.assignment.nodes.get(peer)
+        if session is None or session.stage is None or slot is None:
+            return
+        log.warning("node %s now serves stage %d as %s: %s", peer, session.stage, role, why)
+        self.book.counters[f"moved_to_{role}"] += 1
+        session.role = slot.role = role
+        session.ready = False
+        self.generation.on_node_lost(peer)
+        self.steps.on_node_lost(peer)
+        self.members.authority.forget(peer)
+        welcome = self._welcome(session, session.stage, None)
+        if role == "trainer":  # it holds the stage's weights at the stream's version: it keeps them
+            welcome = msgspec.structs.replace(welcome, source="keep", source_peer=None, stage_checkpoint=None)
+        await self.members.send(peer, msgspec.structs.replace(welcome, role_reason=why[:300]))
 
     def stage_lost(self, stage: int) -> str | None:
         """Why ``stage`` cannot be served at the run's version, or None. Its weights of that
@@ -527,7 +570,8 @@ class Coordinator:
     def bandwidth(self) -> dict[str, Any]:
         """Bytes per version of each stage, each node's uplink and upload time, joins placed by uplink
         (``engine.swarm.bandwidth_placement``)."""
-        return self.placement.snapshot(self.members.stage_replicas(), self._version_s)
+        return self.placement.snapshot(self.members.stage_replicas(), self._version_s,
+                                       self.members.inference_replicas())
 
     def stats(self, query: StatsQuery | None = None) -> dict[str, Any]:
         """Everything ``/api/admin/stats`` shows (``engine.swarm.stats_view``), for callers in this process."""

@@ -82,6 +82,10 @@ class InFlightPacer:
         for key in [k for k in self._rtt_s if peer in k]:
             del self._rtt_s[key]
 
+    def link_rtts_s(self) -> dict[tuple[str, str], float]:
+        """Every link's round trip (seconds) as each end reported it: ``(reporter, other) -> seconds``."""
+        return dict(self._rtt_s)
+
     def hop_rtt_s(self, a: str, b: str) -> float | None:
         """The measured round trip between ``a`` and ``b`` (the mean of both ends' figures), if any."""
         seen = [self._rtt_s[k] for k in ((a, b), (b, a)) if k in self._rtt_s]

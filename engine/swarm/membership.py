@@ -66,6 +66,8 @@ class NodeSession:
     version: int = 0
     joined: float = field(default_factory=time.time)
     role: str = "trainer"  #: "trainer" or "inference" (generation only)
+    #: the role its hello offered (a trainer may serve as inference while its links are too slow to train)
+    offered_role: str = "trainer"
     address: str = ""  #: the network address it connected from (identities per address are capped)
     catch_ups: int = 0  #: times it said ready behind its stage's version and was told to catch up first
     catching_up: bool = False  #: told to catch up and has not said ready since

@@ -175,6 +175,10 @@ class Welcome(WireMessage, frozen=True, tag="welcome"):
     coordinator_key: PublicKey | None = None  # the coordinator's identity key (tickets are signed by it)
     # over engine.swarm.coordinator_session.welcome_bytes (the hello's nonce): the coordinator holds that key
     coordinator_signature: Signature | None = None
+    # the role the coordinator gives the node (None: the one its hello offered); a trainer whose links would
+    # set every step's pace serves generation only (``engine.swarm.link_roles``), and why, in words
+    role: Literal["trainer", "inference"] | None = None
+    role_reason: Annotated[str, Meta(max_length=300)] | None = None
 
 
 class Members(WireMessage, frozen=True, tag="members"):

@@ -132,7 +132,10 @@ class Node:
         self.config = config
         self.identity = identity
         self.emit = on_event or (lambda event, **fields: None)
-        self.role = "inference" if config.inference_only else "trainer"
+        #: the role we offer in our hello; ``role``: the one the coordinator gave us (a trainer on links too
+        #: slow to train serves generation only, ``engine.swarm.link_roles``), and ``role_reason`` why
+        self.offered_role = self.role = "inference" if config.inference_only else "trainer"
+        self.role_reason: str | None = None
         self.compute = ComputeThread(name=f"polis-compute-{identity.peer_id[:8]}")
         self._stop = asyncio.Event()
         self._running = asyncio.Event()
@@ -275,7 +278,8 @@ class Node:
                 "max_layers": self.config.max_layers,
                 "stage": spec.stage_index if spec else None, "num_stages": spec.num_stages if spec else None,
                 "version": rt.version, "run_id": stage.run_id,
-                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(), "role": self.role,
+                "has_base": (base_dir(self.config.base_checkpoint) / "config.json").exists(),
+                "role": self.offered_role,
                 "uplink_mbps": self._uplink_claim()}
 
     async def _welcomed(self, welcome: messages.Welcome) -> None:
@@ -297,7 +301,8 @@ class Node:
     async def _ready(self) -> None:
         stage = self.ctx.stage
         await self.ctx.coordinator.send(messages.Ready(stage=stage.spec.stage_index, version=int(stage.rt.version)))
-        self.status.set_state("contributing", f"serving {stage.spec.describe(stage.num_layers)}")
+        note = f" (generating only: {self.role_reason})" if self.role == "inference" and self.role_reason else ""
+        self.status.set_state("contributing", f"serving {stage.spec.describe(stage.num_layers)}{note}")
         self.status.emit_status()
 
     async def _apply_welcome(self, welcome: messages.Welcome) -> None:
@@ -306,12 +311,21 @@ class Node:
         stage.run_id = welcome.run_id
         spec = StageSpec(welcome.stage, welcome.num_stages, welcome.layer_start, welcome.layer_end)
         stage.num_layers = welcome.num_layers
+        role = welcome.role or self.offered_role
+        changed, self.role_reason = role != self.role, welcome.role_reason
+        if changed:
+            log.warning("the coordinator moved this node to the %s role: %s", role, welcome.role_reason or "no reason")
+            self.role = ctx.role = role
         optimizer = OptimizerConfig(lr=stage.run_cfg.lr, trainable=self.role == "trainer",
                                     lora=stage.run_cfg.lora.backend_config())
         if self.links is not None:
             await self.links.start(self.config.signal_url or welcome.signal_url)
         keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
-        if not keep:
+        if keep and changed:  # an inference replica told to train: its own weights, now with an optimiser
+            await self.replica.before_load()
+            await self.leader.clear()
+            await ctx.compute.run(stage.rt.reload, optimizer)
+        elif not keep:
             await self.replica.before_load()
             await self.leader.clear()
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")

@@ -120,6 +120,22 @@ class StageRuntime:
         self.optimizer = optimizer
         self.version = version
 
+    def reload(self, optimizer: OptimizerConfig) -> None:
+        """The loaded stage rebuilt with ``optimizer`` (an inference replica told to train): the same
+        weights and version, fresh optimiser moments; under LoRA the frozen base again from its files."""
+        weights, version, spec, config = self.state_dict(), self.version, self.spec, self.model_config
+        if spec is None:
+            raise RuntimeError("no stage loaded")
+        if optimizer.lora.enabled:
+            if self.base_dir is None:
+                raise RuntimeError("a LoRA stage reloads its frozen base from files, and it was not loaded from any")
+            self.load_checkpoint(self.base_dir, spec, optimizer, None, 0)
+            self.set_weights(weights, version)
+            return
+        backend = self._new_backend()
+        backend.load(spec, weights, config, optimizer)
+        self.backend, self.optimizer, self.version = backend, optimizer, version
+
     @property
     def hidden_size(self) -> int:
         return int(self.model_config.hidden_size)

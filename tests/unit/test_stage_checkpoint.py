@@ -1,8 +1,9 @@
 """A node's stage checkpoint carries its weights, version and AdamW moments."""
 
 import numpy as np
+import pytest
 
-from backends.base import OptimizerConfig
+from backends.base import BackendError, OptimizerConfig
 from engine.model.shard_plan import plan_stages
 from engine.paths import base_checkpoint_dir
 from engine.swarm.stage_runtime import StageRuntime, optimizer_path
@@ -65,3 +66,22 @@ def test_a_non_finite_aggregated_gradient_is_skipped_and_the_weights_kept():
     assert rt.apply(finite, max_grad_norm=1.0, version=10) > 0 and not rt.last_step_skipped
     assert any(not np.array_equal(rt.state_dict()[n], before[n]) for n in before)
     rt.close()
+
+
+def test_an_inference_replica_told_to_train_keeps_its_weights_and_version_and_gains_an_optimiser():
+    rt, spec = _trained_runtime()
+    weights = rt.state_dict()
+    follower = StageRuntime("torch", "cpu")  # an inference replica: the stage's weights, no optimiser
+    follower.load_weights(spec, rt.model_config.to_hf_dict(), weights, OptimizerConfig(trainable=False), version=5)
+    with pytest.raises(BackendError, match="inference only"):
+        follower.backend.optimizer_state()
+    follower.reload(OptimizerConfig(lr=1e-3))
+    assert follower.version == 5 and follower.backend.optimizer_state()
+    for name, value in weights.items():
+        np.testing.assert_array_equal(follower.state_dict()[name], value)
+    ids = np.random.default_rng(1).integers(3, 12, size=(4, 6))
+    out = follower.train_forward("k", ids)
+    follower.backend.backward("k", np.ones_like(out) * 1e-2)
+    follower.backend.step()
+    assert any(not np.array_equal(follower.state_dict()[n], v) for n, v in weights.items())  # it trains now
+    rt.close(), follower.close()
