@@ -34,7 +34,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Mapping, Sequence
 
-#: a trainer whose round trip is at least this many times the other trainers' median ...
+#: a trainer whose round trip is at least this many times the typical node's (``typical_rtt_s``) ...
 RTT_RATIO = 3.0
 #: ... and at least this many seconds above it serves generation only
 MIN_EXCESS_S = 0.05
@@ -81,6 +81,7 @@ def slow_link_trainers(trainers: Sequence[Sequence[str]], reported: Mapping[tupl
                 continue
             if rtt >= RTT_RATIO * typical and rtt - typical >= MIN_EXCESS_S:
                 out[peer] = (f"its links' round trips ({1e3 * rtt:.0f} ms) are {rtt / max(typical, 1e-6):.0f}x the "
-                             f"swarm's ({1e3 * typical:.0f} ms), and every training step would wait for them")
+                             f"swarm's ({1e3 * typical:.0f} ms), and every training step would wait for them; on a "
+                             f"faster or nearer connection it trains when it joins again")
                 keep -= 1
     return out
