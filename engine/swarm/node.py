@@ -321,13 +321,12 @@ class Node:
         if self.links is not None:
             await self.links.start(self.config.signal_url or welcome.signal_url)
         keep = stage.spec == spec and welcome.source == "keep" and stage.rt.backend is not None
-        if keep and changed:  # an inference replica told to train: its own weights, now with an optimiser
+        if changed or not keep:
             await self.replica.before_load()
             await self.leader.clear()
+        if keep and changed:  # an inference replica told to train: its own weights, now with an optimiser
             await ctx.compute.run(stage.rt.reload, optimizer)
         elif not keep:
-            await self.replica.before_load()
-            await self.leader.clear()
             self.status.set_state("loading", f"loading {spec.describe(stage.num_layers)}")
             if welcome.source == "peer" and welcome.source_peer:
                 base = self._base_dir() if optimizer.lora.enabled else None  # LoRA: the frozen base from files

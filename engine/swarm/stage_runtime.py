@@ -18,7 +18,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from engine.atomic_file import atomic_write_bytes
 from engine.model.content_hash import METADATA_KEY, tensors_sha256
 from engine.rl.objective import ObjectiveConfig, compute_objective
 from engine.rl.update import clip_scale
+
+if TYPE_CHECKING:
+    from engine.model.config import ModelConfig
 
 #: packed rows' layouts of a training micro-batch (``backends.base.segment_layout``), or None
 Segments = Sequence[Sequence[int] | None] | None
@@ -113,7 +116,12 @@ class StageRuntime:
         """Build ``spec`` from weights received from a replica (no local checkpoint needed)."""
         from engine.model.config import ModelConfig
 
-        config = ModelConfig.from_dict(config_dict, source="a replica's config")
+        self._install(spec, weights, ModelConfig.from_dict(config_dict, source="a replica's config"), optimizer,
+                      version)
+
+    def _install(self, spec: StageSpec, weights: Mapping[str, np.ndarray], config: ModelConfig,
+                 optimizer: OptimizerConfig, version: int) -> None:
+        """A new backend holding ``weights`` of ``spec`` with ``optimizer``, served as ``version``."""
         backend = self._new_backend()
         backend.load(spec, weights, config, optimizer)
         self.backend, self.spec, self.model_config = backend, spec, config
@@ -132,9 +140,7 @@ class StageRuntime:
             self.load_checkpoint(self.base_dir, spec, optimizer, None, 0)
             self.set_weights(weights, version)
             return
-        backend = self._new_backend()
-        backend.load(spec, weights, config, optimizer)
-        self.backend, self.optimizer, self.version = backend, optimizer, version
+        self._install(spec, weights, config, optimizer, version)
 
     @property
     def hidden_size(self) -> int:
