@@ -12,7 +12,9 @@
    whose last stage is another node, and audits every generator's behaviour log-probs against
    them (``engine.swarm.logprob_audit``: gross mismatch is not trained on, repeated, evicts);
    under DiLoCo, where replicas differ between syncs, a second forward-only pass gives each
-   row its proximal log-probs on the route that sampled it, and its update runs there too;
+   row its proximal log-probs on the route that sampled it, and its update runs there too
+   (the batch's groups are spread by generator before it is cut, :func:`spread_by_generator`,
+   so every mini-batch gives each replica its share);
 4. per mini-batch: its micro-batches go through the training routes
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
@@ -77,6 +79,23 @@ def pin_rows(minibatches: Sequence[TrainBatch], proximal: Sequence[np.ndarray],
         out_prox.append(prox[order])
         out_routes.append([rows[r] for r in order])
     return out_batches, out_prox, out_routes
+
+
+def spread_by_generator(generators: Sequence[Sequence[str | None]]) -> list[int]:
+    """An order of a batch's groups (by index) in which every generator's groups are spread evenly,
+    each generator's in their own order: group k of a generator's n sits at (k + 1/2) / n.
+
+    Under DiLoCo a row trains on the route that sampled it, and mini-batches are cut from the
+    batch's groups in order; a job's groups arrive together, so in buffer order a mini-batch is
+    mostly one route's, and that step's update is mostly one replica's while the other steps on
+    nothing. Spread, each inner step gives every replica its share of the mini-batch, as DiLoCo
+    assumes. A group is its first sample's generator's (mixed groups are rare and not packed)."""
+    keys: dict[str | None, list[int]] = defaultdict(list)
+    for g, gens in enumerate(generators):
+        keys[gens[0] if gens else None].append(g)
+    placed = [((k + 0.5) / len(members), str(gen), g) for gen, members in keys.items()
+              for k, g in enumerate(members)]
+    return [g for _, _, g in sorted(placed)]
 
 
 def lineage_routes(generators: Sequence[str | None], audit_routes: Sequence[Route],
@@ -205,6 +224,10 @@ class StepRunner:
         if taken is None:
             return False
         groups, ids, generators = taken
+        if self.run.replica_sync.mode == "diloco":  # every replica its share of each mini-batch
+            order = spread_by_generator(generators)
+            groups, ids = [groups[g] for g in order], [ids[g] for g in order]
+            generators = [generators[g] for g in order]
         plan = self.plan(groups, ids, len(routes[0]), generators)
         if not plan.minibatches:
             return False

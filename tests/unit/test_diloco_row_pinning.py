@@ -15,7 +15,7 @@ import numpy as np
 from engine.rl.batch import TrainBatch
 from engine.swarm import messages
 from engine.swarm.microbatches import MicrobatchDispatcher
-from engine.swarm.step_runner import lineage_routes, pin_rows
+from engine.swarm.step_runner import lineage_routes, pin_rows, spread_by_generator
 from tests.support.recording_links import RecordingLinks
 
 ROUTE_A, ROUTE_B = ("a0", "b0"), ("a1", "b1")
@@ -84,3 +84,18 @@ def test_a_rows_lineage_route_is_the_live_route_ending_at_its_generator_unless_t
     gens = ["b0", "b1", None, "b9", "b0"]
     audited = [ROUTE_B, ROUTE_A, ROUTE_A, ROUTE_A, ROUTE_A]
     assert lineage_routes(gens, audited, routes) == [ROUTE_A, ROUTE_B, None, None, None]
+
+
+def test_spreading_a_batch_by_generator_gives_every_cut_of_it_each_generators_share():
+    # a buffer in arrival order: a job of 6 groups from b1, then 2 from b0, then 4 from b1 and 4 from b0
+    generators = [["b1"] * 4] * 6 + [["b0"] * 4] * 2 + [["b1"] * 4] * 4 + [["b0"] * 4] * 4
+    order = spread_by_generator(generators)
+    assert sorted(order) == list(range(len(generators)))  # a permutation: no group lost or doubled
+    for gen in ("b0", "b1"):  # each generator's groups keep their age order
+        own = [g for g in order if generators[g][0] == gen]
+        assert own == sorted(own)
+    for cut in np.array_split(np.array(order), 4):  # the planner's mini-batches: contiguous cuts
+        counts = Counter(generators[g][0] for g in cut)
+        assert counts["b1"] in (2, 3) and counts["b0"] in (1, 2), counts
+    in_arrival_order = np.array_split(np.arange(len(generators)), 4)  # what it replaces: one-route cuts
+    assert any(len({generators[g][0] for g in cut}) == 1 for cut in in_arrival_order)
