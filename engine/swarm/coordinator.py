@@ -75,7 +75,7 @@ from engine.swarm.node_reports import NodeReports
 from engine.swarm.openai_api import OpenAIEndpoint, served_model_id
 from engine.swarm.rollout_monitor import RolloutMonitor
 from engine.swarm.run_book import RunBook
-from engine.swarm.run_config import RunConfig, run_config_from_dict
+from engine.swarm.run_config import RunConfig, refuse_diloco_split_tied, run_config_from_dict
 from engine.swarm.scheduler import GenerationScheduler
 from engine.swarm.stage_loading import base_dir
 from engine.swarm.stage_traffic import mean_prompt_tokens, stage_traffic
@@ -146,6 +146,7 @@ class Coordinator:
         self.store.set_meta("base_checkpoint", str(self.checkpoint_dir))  # for `polis export` and the card
         self.store.set_meta("num_stages", self.num_stages)
         self.store.set_meta("run_id", self.run_id)
+        refuse_diloco_split_tied(self.run, self.model_config.tie_word_embeddings, self.num_stages)
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)

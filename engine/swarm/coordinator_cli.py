@@ -66,7 +66,11 @@ def build_config(args):
 async def _serve(args) -> int:
     from engine.swarm.coordinator import Coordinator
 
-    coordinator = Coordinator(build_config(args))
+    try:
+        coordinator = Coordinator(build_config(args))
+    except ValueError as exc:  # a bad --set, or settings this model cannot train with
+        print(f"polis coordinator: {exc}", file=sys.stderr)
+        return 2
     if args.admin_token_file:  # before serving: whoever sees the coordinator answer can read its admin stats
         import os
 

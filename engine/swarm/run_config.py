@@ -108,7 +108,9 @@ class ReplicaSyncSettings:
         trains where its audit ran, its ``exp(p - b)`` then also spanning the drift between
         replicas (the mask band and the truncation bound it). Inference replicas follow their stage
         leader's weights through the weight stream as before: its inner steps, and the
-        synced weights after each sync. Stage checkpoints hold the leader's weights.
+        synced weights after each sync. Stage checkpoints hold the leader's weights. A
+        coordinator refuses it for a tied-embedding model fully fine-tuned across stages
+        (:func:`refuse_diloco_split_tied`; with LoRA it trains).
       inner_steps: H, inner steps between syncs (unit: versions). 1 is every step with
         pseudo-gradients.
       outer_lr: step size of the outer update (1.0 with momentum 0: the new weights are the
@@ -253,6 +255,19 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
+
+
+def refuse_diloco_split_tied(run: RunConfig, tied_embeddings: bool, num_stages: int) -> None:
+    """Raise ValueError for DiLoCo on a tied-embedding model fully fine-tuned across stages.
+
+    The first and the last stage each hold a copy of the tied matrix and keep them equal by
+    exchanging its gradient every step (``engine.swarm.tied_sync``), which assumes every replica
+    of a stage holds the same aggregate; under DiLoCo each replica steps on its own rows, so the
+    copies would drift apart. With LoRA the matrix is frozen and nothing is exchanged."""
+    if run.replica_sync.mode == "diloco" and tied_embeddings and num_stages > 1 and not run.lora.enabled:
+        raise ValueError("replica_sync.mode=diloco cannot fully fine-tune a model with tied embeddings split "
+                         "across stages (the first and last stage's copies would drift apart); set "
+                         "lora.enabled=true, or use replica_sync.mode=every_step")
 
 
 def _plain(config: RunConfig) -> dict[str, Any]:

@@ -9,6 +9,7 @@ and hold the very same bits; a replica told to resync gets the anchor and the ou
 from __future__ import annotations
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 from engine.paths import base_checkpoint_dir
 from engine.swarm import messages, tensor_bundle
+from engine.swarm.coordinator import Coordinator, CoordinatorConfig
 from engine.swarm.node import Node, NodeConfig
 from engine.swarm.outer_sync import OuterSync
 from engine.swarm.replica_sync import aggregate, dense_nbytes
@@ -247,3 +249,23 @@ def test_dense_two_bit_pseudo_gradients_carry_no_indices_and_error_feedback_send
     np.testing.assert_allclose(sent + outer.compressor._feedback.residual("w"), 8 * (start["w"] - drift["w"]),
                                atol=1e-4)
     assert outer.residual_norm() < 0.2 * float(np.linalg.norm(8 * (start["w"] - drift["w"])))
+
+
+def test_a_coordinator_refuses_diloco_on_a_tied_model_fully_fine_tuned_and_says_what_to_set(tmp_path):
+    tied = tmp_path / "tied-base"
+    shutil.copytree(base_checkpoint_dir(), tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    diloco = apply_overrides(RunConfig(), ["replica_sync.mode=diloco"])
+
+    def start(run: RunConfig, checkpoint, stages: int = 2):
+        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / f"c{len(list(tmp_path.iterdir()))}.db"),
+                                          base_checkpoint=str(checkpoint), num_stages=stages, run=run))
+        c.store.close()
+
+    with pytest.raises(ValueError, match="lora.enabled=true"):
+        start(diloco, tied)
+    start(diloco, base_checkpoint_dir())  # untied: the stages share nothing
+    start(diloco, tied, stages=1)  # one stage holds both uses
+    start(apply_overrides(diloco, ["lora.enabled=true"]), tied)  # the matrix is frozen
+    start(RunConfig(), tied)  # every step keeps the copies in step
