@@ -141,12 +141,16 @@ class Coordinator:
         self.task = make_run_task(self.run.task, self.checkpoint_dir, self.run.env)
         self.model_parameters = self.model_config.num_parameters
         self.num_stages = int(self.store.get_meta("num_stages", config.num_stages))
+        try:  # before anything is stored: a refused run leaves nothing behind to restart into
+            refuse_diloco_split_tied(self.run, self.model_config.tie_word_embeddings, self.num_stages)
+        except ValueError:
+            self.store.close()
+            raise
         self.run_id = self.store.get_meta("run_id") or secrets.token_hex(6)
         self.store.set_meta("run", self.run.to_dict())
         self.store.set_meta("base_checkpoint", str(self.checkpoint_dir))  # for `polis export` and the card
         self.store.set_meta("num_stages", self.num_stages)
         self.store.set_meta("run_id", self.run_id)
-        refuse_diloco_split_tied(self.run, self.model_config.tie_word_embeddings, self.num_stages)
         self.specs: list[StageSpec] = plan_stages(self.model_config.num_hidden_layers, self.num_stages)
         self.assignment = Assignment(stage_layers=[s.num_layers for s in self.specs])
         self.admin_token = config.admin_token or secrets.token_urlsafe(16)

@@ -258,14 +258,18 @@ def test_a_coordinator_refuses_diloco_on_a_tied_model_fully_fine_tuned_and_says_
     (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
     diloco = apply_overrides(RunConfig(), ["replica_sync.mode=diloco"])
 
-    def start(run: RunConfig, checkpoint, stages: int = 2):
-        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / f"c{len(list(tmp_path.iterdir()))}.db"),
+    dbs = iter(range(100))
+
+    def start(run: RunConfig, checkpoint, stages: int = 2, db: str | None = None) -> RunConfig:
+        c = Coordinator(CoordinatorConfig(db_path=str(tmp_path / (db or f"c{next(dbs)}.db")),
                                           base_checkpoint=str(checkpoint), num_stages=stages, run=run))
         c.store.close()
+        return c.run
 
     with pytest.raises(ValueError, match="lora.enabled=true"):
-        start(diloco, tied)
+        start(diloco, tied, db="refused.db")
+    lora = apply_overrides(diloco, ["lora.enabled=true"])
+    assert start(lora, tied, db="refused.db") == lora  # the refused run was not stored: the fix takes
     start(diloco, base_checkpoint_dir())  # untied: the stages share nothing
     start(diloco, tied, stages=1)  # one stage holds both uses
-    start(apply_overrides(diloco, ["lora.enabled=true"]), tied)  # the matrix is frozen
     start(RunConfig(), tied)  # every step keeps the copies in step
