@@ -20,6 +20,11 @@ every boundary tensor encoded and decoded exactly as between two nodes
   training forward and backward together. Before all that, a forward and backward pass over
   ``CALIBRATION_ITEMS`` training-stream items (not measured): a ``basis`` scheme fits its
   bases from them, as a swarm's stages do from their first jobs;
+* **real model learning** (``--real-learn-versions N`` with ``--model``): ``polis demo
+  --model``'s recipe (its ``RunConfig``: LoRA, lr, task, batch shape) trained N versions in
+  process per scheme through the encoded boundary, strict and content-only scores on the
+  run's held-out items every ``--real-learn-eval-every`` versions, and the training bytes
+  per trained sample (``engine.bench.act_learning``); ``--items 0`` skips the part above;
 * **tiny model** (``--learn-steps N``, the shipped base): N in-process RL steps of the
   tested recipe (``engine.rl.recipe``) through the encoded boundary, at equal samples for
   every scheme: held-out exact match before and after, and bytes per trained sample
@@ -40,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench.act_boundary import totals, wrap_stages
+from engine.bench.act_boundary import gradient_pass, signed_micro_batches, totals, wrap_stages
+from engine.bench.act_learning import CALIBRATION_ITEMS, real_learning, tiny_learning
 from engine.swarm.run_config import ACTIVATION_ENCODINGS
 
 DEFAULT_SCHEMES = "fp32,bf16,int8_rowwise,subspace_r16,subspace_r32,subspace_r64"
@@ -48,9 +54,6 @@ DEFAULT_TASK = "reasoning_gym:chain_sum"
 DEFAULT_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 #: LoRA of the real-model demo (engine.swarm.demo.REAL_MODEL_SETTINGS)
 DEMO_LORA_RANK, DEMO_LORA_ALPHA = 16, 32.0
-#: training-stream items whose forward and backward pass comes first for every scheme (a basis scheme
-#: fits its bases from them, as a swarm's stages do from their first jobs); not part of the measured phases
-CALIBRATION_ITEMS = 24
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,13 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schemes", default=DEFAULT_SCHEMES,
                         help=f"comma-separated activation encodings (default {DEFAULT_SCHEMES}; fp32 always runs "
                              f"first as the reference). Known: {', '.join(ACTIVATION_ENCODINGS)}")
-    parser.add_argument("--items", type=int, default=32, help="held-out items of the real model's task (default 32)")
+    parser.add_argument("--items", type=int, default=32,
+                        help="held-out items of the real model's task (default 32; 0 skips that part)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="greedy completion budget (default 48)")
     parser.add_argument("--micro-batch-rows", type=int, default=8,
                         help="rows per training micro-batch of the gradient pass (default 8, as in the demo)")
     parser.add_argument("--learn-steps", type=int, default=0,
                         help="in-process RL steps on the tiny base per scheme (default 0: skip)")
     parser.add_argument("--checkpoint", type=Path, default=None, help="tiny base for --learn-steps (default: shipped)")
+    parser.add_argument("--real-learn-versions", type=int, default=0,
+                        help="with --model: train polis demo --model's recipe this many versions in process per "
+                             "scheme through its boundary (default 0: skip; ~15 s a version on 2 cores)")
+    parser.add_argument("--real-learn-eval-every", type=int, default=16,
+                        help="versions between the held-out evals of --real-learn-versions (default 16)")
 
 
 def _schemes(text: str) -> list[str]:
@@ -91,36 +100,6 @@ def _load_real(model: Path, lora: bool):
             for spec in plan_stages(checkpoint.config.num_hidden_layers, 2)]
 
 
-def _micro_batches(sequences: list[list[int]], prompt_lens: list[int], rows: int, pad_id: int):
-    """Right-padded ``(inputs, targets, grad_logprobs)`` micro-batches: +-1 advantages on completion tokens."""
-    for start in range(0, len(sequences), rows):
-        chunk = list(range(start, min(start + rows, len(sequences))))
-        width = max(len(sequences[i]) for i in chunk) - 1
-        inputs = np.full((len(chunk), width), pad_id, np.int64)
-        targets = np.full((len(chunk), width), pad_id, np.int64)
-        grad = np.zeros((len(chunk), width), np.float32)
-        for row, i in enumerate(chunk):
-            seq = sequences[i]
-            inputs[row, :len(seq) - 1] = seq[:-1]
-            targets[row, :len(seq) - 1] = seq[1:]
-            grad[row, prompt_lens[i] - 1:len(seq) - 1] = 1.0 if i % 2 == 0 else -1.0
-        count = max(1.0, float(np.abs(grad).sum()))
-        yield inputs, targets, grad / count
-
-
-def _grad_pass(stages, sequences, prompt_lens, rows: int, pad_id: int) -> dict[str, np.ndarray]:
-    from engine.rl.pipeline import LocalPipeline
-
-    pipeline = LocalPipeline(stages)
-    pipeline.zero_grad()
-    for n, (inputs, targets, grad) in enumerate(_micro_batches(sequences, prompt_lens, rows, pad_id)):
-        pipeline.token_logprobs(inputs, targets, key=f"act-bench-{n}")
-        pipeline.backward(f"act-bench-{n}", grad)
-    grads = stages[0].grads()
-    pipeline.zero_grad()
-    return grads
-
-
 def _all_phases(*meters: dict[str, Any]) -> dict[str, Any]:
     """Bytes over generation, training forward and backward together (the whole run's ratio)."""
     wire = sum(m["wire_bytes"] for m in meters)
@@ -136,7 +115,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 def _teacher_forced(stages, sequences, prompt_lens, rows: int, pad_id: int) -> np.ndarray:
     """Next-token log-probs ``[positions, vocab]`` at every completion position of the fixed sequences."""
     out = []
-    for inputs, _, grad in _micro_batches(sequences, prompt_lens, rows, pad_id):
+    for inputs, _, grad in signed_micro_batches(sequences, prompt_lens, rows, pad_id):
         x = inputs
         for stage in stages:
             x = stage.forward(x)
@@ -188,7 +167,7 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
                 calib_done = greedy_completions(LocalPipeline(stages), calib_prompts, max_new_tokens, codec.eos_id)
                 calib_sequences = [list(p) + [int(t) for t in c] for p, c in zip(calib_prompts, calib_done)]
             # a basis scheme fits its bases from these (not from the held-out items it is scored on)
-            _grad_pass(wrapped, calib_sequences, [len(p) for p in calib_prompts], rows, codec.pad_id)
+            gradient_pass(wrapped, calib_sequences, [len(p) for p in calib_prompts], rows, codec.pad_id)
             calibration = {"activations": totals(wrapped, "act"), "gradients": totals(wrapped, "grad")}
             for boundary in wrapped:
                 boundary.reset_meters()
@@ -200,7 +179,7 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
                 sequences = [list(p) + [int(t) for t in c] for p, c in zip(prompts, completions)]
             for boundary in wrapped:
                 boundary.reset_meters()
-            grads = _grad_pass(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
+            grads = gradient_pass(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
             train_acts, train_grads = totals(wrapped, "act"), totals(wrapped, "grad")
             logp = _teacher_forced(wrapped, sequences, [len(p) for p in prompts], rows, codec.pad_id)
             if reference_grads is None or reference_logp is None:
@@ -219,51 +198,6 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
     finally:
         for stage in stages:
             stage.close()
-    return out
-
-
-# ------------------------------------------------------------------ tiny model
-
-def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str, Any]:
-    """Equal-sample in-process RL on the tiny base through each scheme's boundary."""
-    from engine.model.checkpoint import Checkpoint
-    from engine.model.loader import load_stage
-    from engine.model.shard_plan import plan_stages
-    from engine.rl.codec import TaskCodec
-    from engine.rl.pipeline import LocalPipeline
-    from engine.rl.recipe import RL_OPTIMIZER, trainer_config
-    from engine.rl.trainer import Trainer
-
-    config = trainer_config(seed=0, eval_every_steps=max(1, steps))
-    samples = steps * config.prompts_per_step * config.group_size
-    out: dict[str, Any] = {"checkpoint": str(checkpoint), "steps": steps, "samples": samples, "schemes": {}}
-    ck = Checkpoint(checkpoint)
-    for name in schemes:
-        t0 = time.perf_counter()
-        stages = [load_stage(ck, spec, "torch", "cpu", RL_OPTIMIZER)
-                  for spec in plan_stages(ck.config.num_hidden_layers, 2)]
-        chain = wrap_stages(stages, name)
-        try:
-            trainer = Trainer(LocalPipeline(chain), TaskCodec.from_dir(checkpoint), config)
-            start = trainer.evaluate()
-            for boundary in chain:
-                boundary.reset_meters()
-            for _ in range(steps):
-                trainer.step()
-            acts, grads = totals(chain, "act"), totals(chain, "grad")
-            end = trainer.evaluate()
-        finally:
-            for stage in stages:
-                stage.close()
-        wire = acts["wire_bytes"] + grads["wire_bytes"]
-        fp32 = acts["fp32_bytes"] + grads["fp32_bytes"]
-        out["schemes"][name] = {
-            "exact_start": round(start.exact_match, 4), "exact_end": round(end.exact_match, 4),
-            "activations": acts, "gradients": grads, "bytes_per_sample": round(wire / samples, 1),
-            "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None,
-            "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"  tiny {name:<14} exact {start.exact_match:.3f} -> {end.exact_match:.3f}", file=sys.stderr,
-              flush=True)
     return out
 
 
@@ -291,6 +225,17 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"{name:<14}{r['exact_start']:>7.3f}{r['exact_end']:>7.3f}{r['bytes_per_sample']:>10.0f}"
                          f"{r['x_fewer_than_fp32']:>8.1f}{r['activations']['relative_error']:>9.4f}"
                          f"{r['gradients']['relative_error']:>9.4f}")
+    learned = report.get("real_learning")
+    if learned:
+        lines += ["", f"real model {learned['model']}, {learned['versions']} versions of polis demo --model's "
+                      f"recipe per scheme (LoRA rank {learned['lora_rank']}, lr {learned['lr']}), strict / content "
+                      "at each eval",
+                  f"{'scheme':<16}{'samples':>8}{'B/sample':>10}{'x fp32':>8}  curve (version: strict/content)"]
+        for name, r in learned["schemes"].items():
+            curve = " ".join(f"v{p['version']}: {p['strict']:.3f}/{p['content'] if p['content'] is not None else '-'}"
+                             for p in r["curve"])
+            lines.append(f"{name:<16}{r['samples']:>8}{r['bytes_per_sample'] or 0:>10.0f}"
+                         f"{r['x_fewer_than_fp32'] or 0:>8.1f}  {curve}")
     return "\n".join(lines)
 
 
@@ -306,6 +251,10 @@ def run(args: argparse.Namespace) -> int:
         print("polis bench act: nothing to do: give --model DIR (a real model) and/or --learn-steps N (tiny base)",
               file=sys.stderr)
         return 2
+    if args.real_learn_versions > 0 and (args.model is None or args.real_learn_eval_every < 1):
+        print("polis bench act: --real-learn-versions needs --model DIR and --real-learn-eval-every >= 1",
+              file=sys.stderr)
+        return 2
     report: dict[str, Any] = {"schemes": schemes}
     t0 = time.perf_counter()
     if args.model is not None:
@@ -313,7 +262,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"polis bench act: no model in {args.model} (import one with `polis import smollm2-135m`)",
                   file=sys.stderr)
             return 2
-        report["real"] = real_model(args.model, schemes, args.items, args.max_new_tokens, args.micro_batch_rows)
+        if args.items > 0:
+            report["real"] = real_model(args.model, schemes, args.items, args.max_new_tokens, args.micro_batch_rows)
+        if args.real_learn_versions > 0:
+            report["real_learning"] = real_learning(args.model, schemes, args.real_learn_versions,
+                                                    args.real_learn_eval_every)
     if args.learn_steps > 0:
         checkpoint = Path(args.checkpoint) if args.checkpoint else base_checkpoint_dir()
         report["tiny"] = tiny_learning(checkpoint, schemes, args.learn_steps)

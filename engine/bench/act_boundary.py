@@ -9,7 +9,7 @@ as dense float32, and the squared error against the exact tensor. So ``polis ben
 chain stages with ``LocalPipeline`` or ``greedy_decode`` and measure a scheme's accuracy,
 learning and bytes without processes or links.
 
-What it does not know: tasks, training, which scheme is good.
+What it does not know: tasks, RL training, which scheme is good.
 """
 
 from __future__ import annotations
@@ -44,6 +44,15 @@ class BoundaryMeter:
         diff = decoded.astype(np.float64) - exact.astype(np.float64)
         self.err_sq += float(np.sum(diff * diff))
         self.ref_sq += float(np.sum(exact.astype(np.float64) ** 2))
+
+    def merge(self, other: "BoundaryMeter") -> None:
+        """Add ``other``'s totals to ours."""
+        self.tensors += other.tensors
+        self.rows += other.rows
+        self.wire_bytes += other.wire_bytes
+        self.fp32_bytes += other.fp32_bytes
+        self.err_sq += other.err_sq
+        self.ref_sq += other.ref_sq
 
     def summary(self) -> dict[str, Any]:
         """JSON-able totals: ratio vs float32 and the relative (Frobenius) error."""
@@ -100,11 +109,38 @@ def totals(stages: list[EncodedBoundary], kind: str) -> dict[str, Any]:
     """One kind's meters summed over the chain."""
     total = BoundaryMeter()
     for stage in stages:
-        m = stage.meters[kind]
-        total.tensors += m.tensors
-        total.rows += m.rows
-        total.wire_bytes += m.wire_bytes
-        total.fp32_bytes += m.fp32_bytes
-        total.err_sq += m.err_sq
-        total.ref_sq += m.ref_sq
+        total.merge(stage.meters[kind])
     return total.summary()
+
+
+def signed_micro_batches(sequences: list[list[int]], prompt_lens: list[int], rows: int, pad_id: int):
+    """Right-padded ``(inputs, targets, grad_logprobs)`` micro-batches: +-1 advantages on completion tokens."""
+    for start in range(0, len(sequences), rows):
+        chunk = list(range(start, min(start + rows, len(sequences))))
+        width = max(len(sequences[i]) for i in chunk) - 1
+        inputs = np.full((len(chunk), width), pad_id, np.int64)
+        targets = np.full((len(chunk), width), pad_id, np.int64)
+        grad = np.zeros((len(chunk), width), np.float32)
+        for row, i in enumerate(chunk):
+            seq = sequences[i]
+            inputs[row, :len(seq) - 1] = seq[:-1]
+            targets[row, :len(seq) - 1] = seq[1:]
+            grad[row, prompt_lens[i] - 1:len(seq) - 1] = 1.0 if i % 2 == 0 else -1.0
+        count = max(1.0, float(np.abs(grad).sum()))
+        yield inputs, targets, grad / count
+
+
+def gradient_pass(stages, sequences, prompt_lens, rows: int, pad_id: int) -> dict[str, np.ndarray]:
+    """One forward and backward pass of fixed ``sequences`` (+-1 advantages, :func:`signed_micro_batches`)
+    through ``stages``: the first stage's gradients, zeroed again after (no weight moves). Through
+    wrapped stages it is also what fits a ``basis`` scheme's bases before anything is measured."""
+    from engine.rl.pipeline import LocalPipeline
+
+    pipeline = LocalPipeline(stages)
+    pipeline.zero_grad()
+    for n, (inputs, targets, grad) in enumerate(signed_micro_batches(sequences, prompt_lens, rows, pad_id)):
+        pipeline.token_logprobs(inputs, targets, key=f"act-bench-{n}")
+        pipeline.backward(f"act-bench-{n}", grad)
+    grads = stages[0].grads()
+    pipeline.zero_grad()
+    return grads
