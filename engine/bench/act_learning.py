@@ -62,12 +62,9 @@ def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str,
         finally:
             for stage in stages:
                 stage.close()
-        wire = acts["wire_bytes"] + grads["wire_bytes"]
-        fp32 = acts["fp32_bytes"] + grads["fp32_bytes"]
         out["schemes"][name] = {
             "exact_start": round(start.exact_match, 4), "exact_end": round(end.exact_match, 4),
-            "activations": acts, "gradients": grads, "bytes_per_sample": round(wire / samples, 1),
-            "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None,
+            **_byte_figures(acts, grads, samples),
             "seconds": round(time.perf_counter() - t0, 1)}
         print(f"  tiny {name:<14} exact {start.exact_match:.3f} -> {end.exact_match:.3f}", file=sys.stderr,
               flush=True)
@@ -122,14 +119,19 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
         finally:
             for stage in stages:
                 stage.close()
-        wire = acts["wire_bytes"] + grads["wire_bytes"]
-        fp32 = acts["fp32_bytes"] + grads["fp32_bytes"]
         out["schemes"][name] = {
-            "curve": curve, "samples": samples, "activations": acts, "gradients": grads,
-            "bytes_per_sample": round(wire / samples, 1) if samples else None,
-            "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None,
+            "curve": curve, "samples": samples, **_byte_figures(acts, grads, samples),
             "seconds": round(time.perf_counter() - t0, 1)}
     return out
+
+
+def _byte_figures(acts: dict[str, Any], grads: dict[str, Any], samples: int) -> dict[str, Any]:
+    """The boundary's two directions, their bytes per trained sample and the ratio against fp32."""
+    wire = acts["wire_bytes"] + grads["wire_bytes"]
+    fp32 = acts["fp32_bytes"] + grads["fp32_bytes"]
+    return {"activations": acts, "gradients": grads,
+            "bytes_per_sample": round(wire / samples, 1) if samples else None,
+            "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None}
 
 
 def _eval_point(chain, trainer, version: int, samples: int,
