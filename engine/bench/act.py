@@ -24,7 +24,8 @@ every boundary tensor encoded and decoded exactly as between two nodes
   --model``'s recipe (its ``RunConfig``: LoRA, lr, task, batch shape) trained N versions in
   process per scheme through the encoded boundary, strict and content-only scores on the
   run's held-out items every ``--real-learn-eval-every`` versions, and the training bytes
-  per trained sample (``engine.bench.act_learning``); ``--items 0`` skips the part above;
+  per trained sample (``engine.bench.act_learning``); ``--real-learn-set KEY=VALUE`` changes
+  the recipe (e.g. ``micro_batch_rows=32``: fewer, larger gradient tensors); ``--items 0`` skips the part above;
 * **tiny model** (``--learn-steps N``, the shipped base): N in-process RL steps of the
   tested recipe (``engine.rl.recipe``) through the encoded boundary, at equal samples for
   every scheme: held-out exact match before and after, and bytes per trained sample
@@ -76,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scheme through its boundary (default 0: skip; ~15 s a version on 2 cores)")
     parser.add_argument("--real-learn-eval-every", type=int, default=16,
                         help="versions between the held-out evals of --real-learn-versions (default 16)")
+    parser.add_argument("--real-learn-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="run-config setting over polis demo --model's recipe for --real-learn-versions "
+                             "(repeatable, as polis train --set; e.g. micro_batch_rows=32)")
 
 
 def _schemes(text: str) -> list[str]:
@@ -266,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             report["real"] = real_model(args.model, schemes, args.items, args.max_new_tokens, args.micro_batch_rows)
         if args.real_learn_versions > 0:
             report["real_learning"] = real_learning(args.model, schemes, args.real_learn_versions,
-                                                    args.real_learn_eval_every)
+                                                    args.real_learn_eval_every, settings=args.real_learn_set)
     if args.learn_steps > 0:
         checkpoint = Path(args.checkpoint) if args.checkpoint else base_checkpoint_dir()
         report["tiny"] = tiny_learning(checkpoint, schemes, args.learn_steps)

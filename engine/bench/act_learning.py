@@ -72,9 +72,10 @@ def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str,
 
 
 def real_learning(model: Path, schemes: list[str], versions: int, eval_every: int,
-                  calibration_items: int = CALIBRATION_ITEMS) -> dict[str, Any]:
-    """``polis demo --model``'s recipe trained ``versions`` versions in process through each scheme's
-    boundary (2 stages, torch on the CPU): the eval curve and the bytes per trained sample."""
+                  calibration_items: int = CALIBRATION_ITEMS, settings: list[str] | None = None) -> dict[str, Any]:
+    """``polis demo --model``'s recipe (with ``settings``, ``KEY=VALUE`` run-config overrides, on top)
+    trained ``versions`` versions in process through each scheme's boundary (2 stages, torch on the
+    CPU): the eval curve and the bytes per trained sample."""
     from engine.model.checkpoint import Checkpoint
     from engine.model.loader import load_stage
     from engine.model.shard_plan import plan_stages
@@ -84,10 +85,11 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
     from engine.rl.trainer import Trainer
     from engine.swarm.train_command import optimizer_config, run_config, trainer_config
 
-    run = run_config(argparse.Namespace(model=str(model), task=None, set=[], env=""))
+    run = run_config(argparse.Namespace(model=str(model), task=None, set=list(settings or []), env=""))
     codec, ck = load_codec(model), Checkpoint(model)
     out: dict[str, Any] = {"model": str(model), "task": run.task.name, "task_options": dict(run.task.options),
                            "lora_rank": run.lora.rank if run.lora.enabled else None, "lr": run.lr,
+                           "settings": list(settings or []), "micro_batch_rows": run.micro_batch_rows,
                            "versions": versions, "eval_every": eval_every, "schemes": {}}
     calibration: list[list[int]] | None = None
     calibration_lens: list[int] = []
@@ -106,7 +108,7 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
                 calibration = [list(p) + [int(t) for t in c] for p, c in zip(prompts, done)]
                 calibration_lens = [len(p) for p in prompts]
             gradient_pass(chain, calibration, calibration_lens, run.micro_batch_rows, codec.pad_id)
-            curve = [_eval_point(chain, trainer, 0, 0)]  # resets the meters after: evals are not counted
+            curve = [eval_point(chain, trainer, 0, 0)]  # resets the meters after: evals are not counted
             samples, version = 0, 0
             trained = {"act": BoundaryMeter(), "grad": BoundaryMeter()}  # the training steps' bytes
             while version < versions:
@@ -114,7 +116,7 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
                 samples += step.trained_samples
                 version = max(trainer.pipeline.versions())
                 if step.trained and (version % eval_every == 0 or version >= versions):
-                    curve.append(_eval_point(chain, trainer, version, samples, trained))
+                    curve.append(eval_point(chain, trainer, version, samples, trained))
             acts, grads = trained["act"].summary(), trained["grad"].summary()
         finally:
             for stage in stages:
@@ -134,7 +136,7 @@ def _byte_figures(acts: dict[str, Any], grads: dict[str, Any], samples: int) -> 
             "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None}
 
 
-def _eval_point(chain, trainer, version: int, samples: int,
+def eval_point(chain, trainer, version: int, samples: int,
                 trained: dict[str, BoundaryMeter] | None = None) -> dict[str, Any]:
     """One held-out eval; what crossed the boundary since the last one (training) is added to
     ``trained`` first, and the eval's own traffic is dropped after."""

@@ -26,6 +26,10 @@ The weight stream to inference replicas is not part of these runs (the demo swar
 ``--weights`` adds the bytes per version of each weight-delta encoding on the tiny base
 (``polis bench weights``: int8 per-row deltas against exact sparse fp32 / bf16 deltas).
 
+With ``--model DIR`` (a real model) the same question is asked of LoRA adapters in process
+instead (``engine.bench.comm_real``): dense fp32 every step, then each diloco scheme of
+``--schemes`` with ``--real-replicas`` replicas, ``--real-versions`` versions, the first seed.
+
 Other benches add rows by appending to :data:`SCHEMES` (e.g. activation codecs). The last
 stdout line is the JSON object with ``--json``.
 """
@@ -102,6 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_wan_arguments(parser)  # --wan: one more, shorter run per scheme over the emulated internet
     parser.add_argument("--wan-versions", type=int, default=60,
                         help="versions of each scheme's run over --wan (default 60)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="imported real model (e.g. <data dir>/models/smollm2-135m): run --real-versions "
+                             "in process instead of the tiny swarm (engine.bench.comm_real)")
+    parser.add_argument("--real-versions", type=int, default=64,
+                        help="with --model: versions per scheme (default 64; ~30 s a version on 2 cores)")
+    parser.add_argument("--real-eval-every", type=int, default=16,
+                        help="with --model: versions between held-out evals, a multiple of every scheme's "
+                             "inner steps (default 16)")
+    parser.add_argument("--real-replicas", type=int, default=2, help="with --model: replicas per stage (default 2)")
 
 
 def _scheme(name: str) -> Scheme:
@@ -211,8 +224,35 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _run_real(args: argparse.Namespace) -> int:
+    """``--model``: dense fp32 and the diloco schemes of ``--schemes`` on the real model, in process."""
+    from engine.bench.comm_real import DENSE as REAL_DENSE
+    from engine.bench.comm_real import format_table, real_replica_sync
+
+    if not (args.model / "config.json").exists():
+        raise SystemExit(f"no model in {args.model} (import one with `polis import smollm2-135m`)")
+    chosen = [_scheme(n.strip()) for n in args.schemes.split(",") if n.strip()]
+    diloco = [s for s in chosen if "replica_sync.mode=diloco" in s.settings]
+    if not diloco or args.real_versions < 1 or args.real_replicas < 2:
+        raise SystemExit("--model needs --schemes with a diloco scheme (dense fp32 is the reference), "
+                         "--real-versions >= 1 and --real-replicas >= 2")
+    schemes = [(REAL_DENSE, _scheme(REAL_DENSE).settings)] + [(s.name, s.settings) for s in diloco]
+    try:
+        result = real_replica_sync(args.model, schemes, args.real_versions, args.real_eval_every,
+                                   args.real_replicas, [f"seed={_seeds(args.seeds)[0]}"])
+    except ValueError as exc:
+        raise SystemExit(f"polis bench comm: {exc}") from None
+    print(format_table(result), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.bench.comm_table import print_table
+
+    if args.model is not None:
+        return _run_real(args)
     from engine.bench.swarm import _base
 
     base = _base(args)

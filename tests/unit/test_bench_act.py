@@ -57,7 +57,7 @@ def test_a_learning_bench_counts_the_training_traffic_and_drops_the_evals_own():
     from types import SimpleNamespace
 
     from engine.bench.act_boundary import BoundaryMeter
-    from engine.bench.act_learning import _eval_point
+    from engine.bench.act_learning import eval_point
 
     chain = wrap_stages(_two_stages(), "int8_rowwise")
     pipeline = LocalPipeline(chain)
@@ -71,7 +71,7 @@ def test_a_learning_bench_counts_the_training_traffic_and_drops_the_evals_own():
         return SimpleNamespace(exact_match=0.5, content=None)
 
     trained = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
-    point = _eval_point(chain, SimpleNamespace(evaluate=evaluate), 4, 10, trained)
+    point = eval_point(chain, SimpleNamespace(evaluate=evaluate), 4, 10, trained)
     assert point == {"version": 4, "samples": 10, "strict": 0.5, "content": None}
     assert trained["act"].rows == 2 * 5 and trained["grad"].rows == 2 * 5  # the 6-row eval is not counted
     assert totals(chain, "act")["tensors"] == 0  # and nothing is left over for the next interval
