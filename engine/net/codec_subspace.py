@@ -16,12 +16,17 @@ So the encoder
    when the columns differ, i.e. ``codec_int8``'s payload);
 4. optionally (``residual``) sends what the low-rank part misses as per-row int8.
 
+``code_bits`` 4 (default 8) writes the basis and the coefficients with 4-bit codes
+(``codec_int8``'s ``bits=4``): half their bytes, for tensors whose low-rank fit loses far
+more than 4-bit rounding adds (stage-boundary gradients: rank 64 of their own misses ~20 %
+of SmolLM2's, 4-bit rounding ~6 % of what is kept). The residual is always int8.
+
 With ``rank=0`` and ``residual`` it is per-row int8 with the outliers kept exact (what
 a few rows, e.g. one decoding step, want). Payload, in order (little-endian)::
 
     [mean: float32 x cols]                         when params["centred"]
-    [basis: int8_rowwise payload of [rank, cols], not column-scaled]
-    [coefficients: int8_rowwise payload of [rows, rank]]   column-scaled per params
+    [basis: int8_rowwise payload of [rank, cols], not column-scaled]   code_bits-bit codes
+    [coefficients: int8_rowwise payload of [rows, rank]]   column-scaled per params, code_bits-bit
     [residual: int8_rowwise payload of [rows, cols]]       when params["residual"]
     [outlier positions: varint gaps (codec_topk), outlier_index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
@@ -38,7 +43,7 @@ shadow copies. This module knows the encoding only; header checks live in
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -67,14 +72,16 @@ class SubspaceParams(WireRecord, frozen=True):
     residual_col_scaled: bool  # the residual's int8 payload carries column scales (False without residual)
     outliers: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent exactly (<= the tensor's elements)
     outlier_index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of their positions
+    code_bits: Literal[8, 4] = 8  # bits per code of the basis and the coefficients
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, centred: bool, coef_col_scaled: bool, residual: bool,
-                   residual_col_scaled: bool, outliers: int, outlier_index_bytes: int) -> int:
+                   residual_col_scaled: bool, outliers: int, outlier_index_bytes: int, code_bits: int = 8) -> int:
     """Exact payload length the params imply (the decoder refuses any other)."""
     total = 4 * cols if centred else 0
     if rank:
-        total += codec_int8.payload_nbytes(rank, cols, False) + codec_int8.payload_nbytes(rows, rank, coef_col_scaled)
+        total += (codec_int8.payload_nbytes(rank, cols, False, code_bits)
+                  + codec_int8.payload_nbytes(rows, rank, coef_col_scaled, code_bits))
     if residual:
         total += codec_int8.payload_nbytes(rows, cols, residual_col_scaled)
     return total + outlier_index_bytes + 2 * outliers
@@ -117,17 +124,19 @@ def _fill_outliers(matrix: np.ndarray, positions: np.ndarray, rank: int, centred
     return out
 
 
-def _int8_roundtrip(matrix: np.ndarray, col_scaling: str | bool) -> tuple[bool, bytes, np.ndarray]:
-    """(col_scaled, payload, decoded) of ``matrix`` through ``codec_int8``."""
-    params, payload = codec_int8.encode(matrix.astype(np.float32), col_scaling=col_scaling)
-    decoded = codec_int8.decode(matrix.shape, matrix.size, params, PayloadReader(memoryview(payload)))
+def _int8_roundtrip(matrix: np.ndarray, col_scaling: str | bool, bits: int = 8) -> tuple[bool, bytes, np.ndarray]:
+    """(col_scaled, payload, decoded) of ``matrix`` through ``codec_int8`` with ``bits``-bit codes."""
+    params, payload = codec_int8.encode(matrix.astype(np.float32), col_scaling=col_scaling, bits=bits)
+    decoded = codec_int8.decode(matrix.shape, matrix.size, params, PayloadReader(memoryview(payload)), bits)
     return bool(params["col_scaled"]), payload, decoded.reshape(matrix.shape)
 
 
 def encode(array: np.ndarray, rank: int = 32, outlier_fraction: float = DEFAULT_OUTLIER_FRACTION,
-           residual: bool = False, centred: bool = True) -> tuple[dict[str, Any], bytes]:
+           residual: bool = False, centred: bool = True, code_bits: int = 8) -> tuple[dict[str, Any], bytes]:
     """Encode a float32 array (rows = all leading dims, cols = the last dim); ``rank`` is
     clamped to the rows and columns there are."""
+    if code_bits not in codec_int8.CODE_BITS:
+        raise ValueError(f"code_bits must be one of {codec_int8.CODE_BITS}, got {code_bits!r}")
     if not np.isfinite(array).all():
         raise ValueError("subspace cannot encode NaN or inf")
     if not 0 <= rank <= MAX_RANK:
@@ -154,11 +163,11 @@ def encode(array: np.ndarray, rank: int = 32, outlier_fraction: float = DEFAULT_
     coef_col_scaled = False
     approx = np.zeros((rows, cols))
     if rank:
-        _, basis_payload, basis_q = _int8_roundtrip(_top_basis(centred_rest, rank), False)
+        _, basis_payload, basis_q = _int8_roundtrip(_top_basis(centred_rest, rank), False, code_bits)
         basis_q = basis_q.astype(np.float64)
         # least squares against the basis as decoded, so its rounding is not paid twice
         coef = np.linalg.solve(basis_q @ basis_q.T, basis_q @ centred_rest.T).T
-        coef_col_scaled, coef_payload, coef_q = _int8_roundtrip(coef, "auto")
+        coef_col_scaled, coef_payload, coef_q = _int8_roundtrip(coef, "auto", code_bits)
         parts += [basis_payload, coef_payload]
         approx = coef_q.astype(np.float64) @ basis_q
     residual_col_scaled = False
@@ -170,6 +179,8 @@ def encode(array: np.ndarray, rank: int = 32, outlier_fraction: float = DEFAULT_
     params = {"rank": int(rank), "centred": bool(centred), "coef_col_scaled": coef_col_scaled,
               "residual": bool(residual), "residual_col_scaled": residual_col_scaled,
               "outliers": int(n_out), "outlier_index_bytes": len(index_section)}
+    if code_bits != 8:  # 8-bit headers stay as they were
+        params["code_bits"] = code_bits
     return params, b"".join(parts)
 
 
@@ -186,7 +197,7 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     reader.expect_total(payload_nbytes(rows, cols, rank, centred=typed.centred,
                                        coef_col_scaled=typed.coef_col_scaled, residual=typed.residual,
                                        residual_col_scaled=typed.residual_col_scaled, outliers=n_out,
-                                       outlier_index_bytes=index_bytes))
+                                       outlier_index_bytes=index_bytes, code_bits=typed.code_bits))
     out = np.zeros((rows, cols), np.float32)
     if typed.centred:
         mean = reader.take(cols, "<f4", "column mean")
@@ -197,8 +208,8 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
         raise WireFormatError("coef_col_scaled without a basis")
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
         if rank:
-            basis = codec_int8.take_matrix(reader, rank, cols, False, "basis")
-            coef = codec_int8.take_matrix(reader, rows, rank, typed.coef_col_scaled, "coefficients")
+            basis = codec_int8.take_matrix(reader, rank, cols, False, "basis", typed.code_bits)
+            coef = codec_int8.take_matrix(reader, rows, rank, typed.coef_col_scaled, "coefficients", typed.code_bits)
             out += coef @ basis
         if typed.residual:
             out += codec_int8.take_matrix(reader, rows, cols, typed.residual_col_scaled, "residual")

@@ -9,7 +9,8 @@
   ``subspace_r<k>`` sends rank-k rows with exact outliers, and a tensor too small
   for rank k to pay (a few rows, e.g. one decoding step) goes as int8 rows with the
   outliers exact (``subspace`` at rank 0 with a residual); ``basis_r<k>`` sends rank-k
-  coefficients in a basis fitted once per stage and sent once per link;
+  coefficients in a basis fitted once per stage and sent once per link; a ``_b4`` suffix
+  sends the gradients' basis and coefficients with 4-bit codes;
 * rows of token ids / floats / flags from the coordinator, which must be rectangular;
 * the route check: an ``act``/``drop``/``grad`` must be addressed to our hop of a
   route as long as the pipeline, and come from the neighbour the route names.
@@ -69,6 +70,10 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     # rank 128 of a fixed one misses 31 % of them, rank 64 of their own 21 %)
     **{f"basis_r{k}_gs{j}": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": j})
        for k, j in ((8, 8), (64, 64), (96, 64), (96, 96), (128, 64), (128, 128))},
+    # the same forward; gradients in each tensor's own rank-j basis with 4-bit codes (basis and
+    # coefficients: half their bytes, where the rank-j fit already loses ~20 % of a gradient)
+    **{f"basis_r{k}_gs{j}_b4": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": j, "code_bits": 4})
+       for k, j in ((96, 64), (128, 64), (128, 96))},
     # the same forward; gradients as int8 rows with exact outliers
     **{f"basis_r{k}_g8": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": 0}) for k in (96, 128)},
 }
@@ -82,10 +87,11 @@ def _subspace_params(shape: tuple[int, ...], params: dict[str, Any]) -> dict[str
     outliers = int(np.ceil(codec_subspace.DEFAULT_OUTLIER_FRACTION * rows * cols))
     low_rank = codec_subspace.payload_nbytes(rows, cols, rank, centred=True, coef_col_scaled=True, residual=False,
                                              residual_col_scaled=False, outliers=outliers,
-                                             outlier_index_bytes=2 * outliers)
+                                             outlier_index_bytes=2 * outliers,
+                                             code_bits=int(params.get("code_bits", 8)))
     if rank and low_rank < rows * (cols + 1):
         return {**params, "rank": rank}
-    return {**params, "rank": 0, "residual": True, "centred": False}
+    return {**params, "rank": 0, "residual": True, "centred": False, "code_bits": 8}
 
 
 def scheme_of(name: str) -> BoundaryScheme:

@@ -38,7 +38,8 @@ ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outli
                              "subspace_r32", "subspace_r64", "subspace_r96", "subspace_r128",
                              "basis_r8", "basis_r16", "basis_r32", "basis_r48", "basis_r64", "basis_r96", "basis_r128",
                              "basis_r8_gs8", "basis_r64_gs64", "basis_r96_gs64", "basis_r96_gs96", "basis_r128_gs64",
-                             "basis_r128_gs128", "basis_r96_g8", "basis_r128_g8"]
+                             "basis_r128_gs128", "basis_r96_gs64_b4", "basis_r128_gs64_b4", "basis_r128_gs96_b4",
+                             "basis_r96_g8", "basis_r128_g8"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]

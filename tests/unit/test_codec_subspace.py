@@ -120,3 +120,39 @@ def test_outlier_positions_beyond_the_tensor_and_bad_means_are_refused():
     nan_mean = np.full(128, np.nan, "<f4").tobytes() + payload[4 * 128:]
     with pytest.raises(WireFormatError, match="mean"):
         decode_tensor(header, nan_mean)
+
+
+def test_four_bit_codes_halve_the_basis_and_coefficients_and_stay_close():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((300, 16)) @ rng.standard_normal((16, 128))).astype(np.float32)  # rank-16 rows
+    eight, y8 = _roundtrip(x, rank=16)
+    four, y4 = _roundtrip(x, rank=16, code_bits=4)
+    assert four.header["params"]["code_bits"] == 4 and "code_bits" not in eight.header["params"]
+    p = four.header["params"]
+    assert len(four.payload) == codec_subspace.payload_nbytes(
+        300, 128, 16, centred=p["centred"], coef_col_scaled=p["coef_col_scaled"], residual=False,
+        residual_col_scaled=False, outliers=p["outliers"], outlier_index_bytes=p["outlier_index_bytes"], code_bits=4)
+    codes_8 = 16 * 128 + 300 * 16  # basis and coefficient codes at 8 bits
+    assert len(eight.payload) - len(four.payload) == codes_8 // 2
+    assert _rel(x, y8) < 0.02 and _rel(x, y4) < 0.15
+
+
+@pytest.mark.parametrize("change, match", [({"code_bits": 2}, "subspace params"), ({"code_bits": 8}, "payload has")])
+def test_code_bits_that_the_payload_does_not_hold_are_refused(change, match):
+    header, payload = _valid(rank=4, code_bits=4)
+    header["params"].update(change)
+    with pytest.raises(WireFormatError, match=match):
+        decode_tensor(header, payload)
+
+
+def test_a_four_bit_section_with_a_nonzero_pad_nibble_is_refused():
+    from engine.net import codec_int8
+    from engine.net.codec_checks import PayloadReader
+
+    params, payload = codec_int8.encode(np.ones((3, 3), np.float32), bits=4)  # 9 codes: one pad nibble
+    assert len(payload) == codec_int8.payload_nbytes(3, 3, params["col_scaled"], 4)
+    tampered = payload[:-1] + bytes([payload[-1] | 0xF0])
+    with pytest.raises(WireFormatError, match="padding nibble"):
+        codec_int8.decode((3, 3), 9, params, PayloadReader(memoryview(tampered)), 4)
+    decoded = codec_int8.decode((3, 3), 9, params, PayloadReader(memoryview(payload)), 4)
+    assert np.array_equal(decoded, np.ones(9, np.float32))
