@@ -11,7 +11,8 @@ without processes or links, once per scheme, from the same base:
   packed as a node packs a share) give today's default's bytes a step.
 * a ``diloco`` scheme of ``engine.bench.comm.SCHEMES``: R replicas of the 2-stage pipeline, each
   sampling and training its own share of a step's prompts with its own weights (route r is
-  replica r of every stage, as in a swarm's diloco mode), and every ``inner_steps`` versions the
+  replica r of every stage, as in a swarm's diloco mode; a replica whose share has no reward
+  variance sits that version out), and every ``inner_steps`` versions the
   swarm's outer step per stage: ``outer_sync.OuterSync`` compresses each replica's pseudo-gradient
   with error feedback, ``replica_sync.aggregate`` combines the shares as decoded, and every replica
   installs the identical result (checked bit for bit). Its bytes are the packed shares, as a
@@ -133,7 +134,9 @@ def diloco_run(model: Path, settings: list[str], versions: int, eval_every: int,
     try:
         curve = [eval_point([], pipelines[0][1], 0, 0)]
         for version in range(1, versions + 1):
-            samples += sum(_trained_step(trainer) for _, trainer in pipelines)
+            # a replica whose share had no reward variance trains nothing this version (as a swarm
+            # replica with no rows in a step): retrying until it trains would favour small shares
+            samples += sum(int(trainer.step().trained_samples) for _, trainer in pipelines)
             if version % sync.inner_steps:
                 continue
             for s in range(len(pipelines[0][0])):
