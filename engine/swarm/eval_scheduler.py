@@ -65,10 +65,13 @@ class EvalScheduler:
         return self.round is not None and self.round.version == 0 and bool(self.round.pending)
 
     def request(self, version: int) -> None:
-        """Evaluate ``version`` as soon as generation capacity allows (a running round is left alone)."""
-        if self.round is None:
-            self.wanted = version
-            self.store.set_meta("eval_wanted", version)
+        """Evaluate ``version`` as soon as generation capacity allows. A running round is left alone
+        and the latest request waits for it to end: a run that finishes (``max_versions``, an
+        operator's finish) while the last periodic eval runs still gets its final eval."""
+        if self.round is not None and self.round.version == version:
+            return
+        self.wanted = version
+        self.store.set_meta("eval_wanted", version)
 
     def next_batch(self) -> list[str] | None:
         """The prompts of the next eval job, starting a wanted round; None if there is none.

@@ -105,3 +105,23 @@ def test_eval_jobs_cross_stage_boundaries_exact_while_rollouts_use_the_runs_enco
     received = messages.decode_from_coordinator(messages.encode(job))
     assert _wire_encoding(received.params, "bf16") == "fp32"  # survives the wire and wins over the run's
     assert _wire_encoding(base, "bf16") == "bf16" and _wire_encoding(None, "int8_rowwise") == "int8_rowwise"
+
+
+def test_a_final_eval_asked_for_while_an_eval_runs_starts_when_that_one_ends(parts):
+    from engine.rl.episode_outcome import EvalScore
+
+    _, evals, store, _, _, _ = parts
+    store.record_eval(0, 0.1, 10)
+    evals.wanted = None
+    evals.request(16)
+    jobs = []
+    while (prompts := evals.next_batch()) is not None:  # round 16 goes out
+        jobs.append((f"e-{len(jobs)}", prompts))
+        evals.dispatched(*jobs[-1])
+    evals.request(17)  # the run reaches max_versions (or is finished) while round 16 runs
+    evals.request(16)  # asking again for the running round changes nothing
+    assert evals.running and evals.round.version == 16 and evals.wanted == 17
+    for job_id, prompts in jobs:
+        evals.on_scores(job_id, [EvalScore(strict=1.0, content=1.0)] * len(prompts), [16, 16])
+    assert [e["version"] for e in store.evals()] == [0, 16] and store.get_meta("eval_wanted") == 17
+    assert evals.next_batch() is not None and evals.round.version == 17  # the final eval is not lost
