@@ -110,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="imported real model (e.g. <data dir>/models/smollm2-135m): run --real-versions "
                              "in process instead of the tiny swarm (engine.bench.comm_real)")
     parser.add_argument("--real-versions", type=int, default=64,
-                        help="with --model: versions per scheme (default 64; ~30 s a version on 2 cores)")
+                        help="with --model: versions per scheme (default 64; ~15 s a version on 2 cores)")
     parser.add_argument("--real-eval-every", type=int, default=16,
                         help="with --model: versions between held-out evals, a multiple of every scheme's "
                              "inner steps (default 16)")
