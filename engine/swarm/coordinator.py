@@ -546,7 +546,7 @@ class Coordinator:
 
     async def _post_finish(self, request: web.Request) -> web.Response:
         self.book.finished = True
-        self.evals.request(self.book.version)
+        self.evals.request(self.book.version, final=True)
         return web.json_response({"finished_at_version": self.book.version})
 
     async def _post_export(self, request: web.Request) -> web.Response:

@@ -64,11 +64,12 @@ class EvalScheduler:
         """The "before" eval still has jobs out (rollouts of version 0 should not pile up meanwhile)."""
         return self.round is not None and self.round.version == 0 and bool(self.round.pending)
 
-    def request(self, version: int) -> None:
-        """Evaluate ``version`` as soon as generation capacity allows. A running round is left alone
-        and the latest request waits for it to end: a run that finishes (``max_versions``, an
-        operator's finish) while the last periodic eval runs still gets its final eval."""
-        if self.round is not None and self.round.version == version:
+    def request(self, version: int, final: bool = False) -> None:
+        """Evaluate ``version`` as soon as generation capacity allows. A running round is left alone:
+        a periodic request made meanwhile is dropped (rounds slower than the eval spacing must not
+        crowd out training), a ``final`` one (the run finished: ``max_versions``, an operator's
+        finish) waits for it to end, so the run still gets its final eval."""
+        if self.round is not None and (not final or self.round.version == version):
             return
         self.wanted = version
         self.store.set_meta("eval_wanted", version)

@@ -270,7 +270,7 @@ class StepRunner:
             self.evals.request(self.book.version)
         if self.run.max_versions and self.book.version >= self.run.max_versions:
             self.book.finished = True
-            self.evals.request(self.book.version)
+            self.evals.request(self.book.version, final=True)
         return True
 
     async def _abort(self, step: int, rollout_ids: list[int]) -> bool:

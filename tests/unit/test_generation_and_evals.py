@@ -118,8 +118,10 @@ def test_a_final_eval_asked_for_while_an_eval_runs_starts_when_that_one_ends(par
     while (prompts := evals.next_batch()) is not None:  # round 16 goes out
         jobs.append((f"e-{len(jobs)}", prompts))
         evals.dispatched(*jobs[-1])
-    evals.request(17)  # the run reaches max_versions (or is finished) while round 16 runs
-    evals.request(16)  # asking again for the running round changes nothing
+    evals.request(24)  # a periodic request while a round runs is dropped: evals must not crowd out training
+    assert evals.wanted is None
+    evals.request(17, final=True)  # the run reaches max_versions (or is finished) while round 16 runs
+    evals.request(16, final=True)  # asking again for the running round changes nothing
     assert evals.running and evals.round.version == 16 and evals.wanted == 17
     for job_id, prompts in jobs:
         evals.on_scores(job_id, [EvalScore(strict=1.0, content=1.0)] * len(prompts), [16, 16])
