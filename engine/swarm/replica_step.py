@@ -2,9 +2,10 @@
 
 On ``apply`` (from the coordinator, naming the stage's trainers) each trainer compresses its
 accumulated gradient (``engine.swarm.replica_sync``), sends it to the other trainers (``share``),
-waits for theirs up to ``share_timeout_s`` (a replica that left the stage is not waited for, nor
-one that ``apply`` gives no token share: it trained nothing, the aggregate leaves it out; and our
-sends go out in the background, so one replica that stopped draining cannot hold the others),
+waits for theirs up to ``share_timeout_s`` or ``apply``'s ``peer_wait_s``, the sooner (a replica
+that left the stage is not waited for, nor one that ``apply`` gives no token share: it trained
+nothing, the aggregate leaves it out; and our sends go out in the background, so one replica
+that stopped draining cannot hold the others),
 aggregates identically to every other replica (weighted by each replica's token share when
 ``apply`` names unequal ones); the first and the last stage of a tied-embedding model then sum
 their gradients of the shared matrix and clip as one unit (``engine.swarm.tied_sync``); it
@@ -146,6 +147,8 @@ class ReplicaStep:
         ctx, rt = self.ctx, self.ctx.stage.rt
         step, version = msg.step, msg.version
         others = sorted(p for p in msg.replicas if p != ctx.peer_id)
+        #: each wait on peers in this step (shares, tied gradient, outer sync) ends within this
+        wait_s = min(self.share_timeout_s, msg.peer_wait_s or self.share_timeout_s)
         grads = await ctx.compute.run(rt.grads)
         dense = dense_nbytes(grads)
         update_bytes = 0
@@ -162,19 +165,19 @@ class ReplicaStep:
             # for, and (when it is us) sends nothing, which would only reach replicas that have stepped
             contributors = [p for p in others if shares is None or shares.get(p, 0.0) > 0]
             send_to = others if shares is None or shares.get(ctx.peer_id, 0.0) > 0 else []
-            contributions, update_bytes = await self._exchange(step, encoded, own, send_to, "gradient",
+            contributions, update_bytes = await self._exchange(step, encoded, own, send_to, "gradient", wait_s,
                                                                wait_for=contributors)
             agg = await ctx.compute.run(partial(aggregate, shares=shares), contributions)
         else:
             agg = grads
-        tied = await self.tied.combine(step, agg)  # None: nothing shared with another stage
+        tied = await self.tied.combine(step, agg, wait_s=msg.peer_wait_s)  # None: nothing shared with another stage
         if tied is None:
             norm = await ctx.compute.run(rt.apply, agg, ctx.stage.run_cfg.max_grad_norm, version)
         else:
             norm = await ctx.compute.run(rt.apply, tied.grads, ctx.stage.run_cfg.max_grad_norm, version,
                                          tied.norm)
         if diloco and ctx.stage.run_cfg.replica_sync.synced_at(version):
-            update_bytes = await self._outer_sync(version, others)
+            update_bytes = await self._outer_sync(version, others, wait_s)
         checksum, digest = await ctx.compute.run(self._fingerprints)
         self._shares = {s: v for s, v in self._shares.items() if s > (version if diloco else step)}
         await self._release_through(step)
@@ -191,7 +194,7 @@ class ReplicaStep:
         self._after_step(msg)
         ctx.on_status()
 
-    async def _outer_sync(self, version: int, others: list[str]) -> int:
+    async def _outer_sync(self, version: int, others: list[str], wait_s: float) -> int:
         """DiLoCo's sync after the inner step to ``version``; returns the bytes of our share."""
         ctx, rt, outer = self.ctx, self.ctx.stage.rt, self._outer
         weights = await ctx.compute.run(rt.state_dict)
@@ -200,23 +203,23 @@ class ReplicaStep:
             return 0
         encoded, own = await ctx.compute.run(outer.compress, weights)
         # keyed by the synced version
-        contributions, nbytes = await self._exchange(version, encoded, own, others, "pseudo-gradient")
+        contributions, nbytes = await self._exchange(version, encoded, own, others, "pseudo-gradient", wait_s)
         agg = await ctx.compute.run(aggregate, contributions)
         synced = await ctx.compute.run(outer.outer_step, agg, len(contributions))
         await ctx.compute.run(rt.set_weights, synced, version)
         return nbytes
 
-    async def _exchange(self, key: int, encoded: dict, own: dict[str, Any], others: list[str],
-                        what: str, wait_for: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], int]:
+    async def _exchange(self, key: int, encoded: dict, own: dict[str, Any], others: list[str], what: str,
+                        wait_s: float, wait_for: list[str] | None = None) -> tuple[dict[str, dict[str, Any]], int]:
         """Send our encoded share (``share`` keyed by ``key``) to ``others`` (in the background: a
         replica that stopped draining cannot hold the step), wait for the shares of ``wait_for``
-        (default: ``others``) to the share deadline and decode them: every usable contribution,
+        (default: ``others``) up to ``wait_s`` and decode them: every usable contribution,
         ours included, and our bytes."""
         ctx = self.ctx
         entries, payload = tensor_bundle.pack(encoded)
         share = Share(step=key, tensors=tensor_bundle.wire_entries(entries))
         ctx.send_to_each(others, share, payload, what=what, name=f"polis-share-{key}")
-        received = await self._await_shares(key, others if wait_for is None else wait_for)
+        received = await self._await_shares(key, others if wait_for is None else wait_for, wait_s)
         shapes = {name: a.shape for name, a in own.items()}
         contributions = {ctx.peer_id: own}
         for peer, (peer_entries, peer_payload) in received.items():
@@ -231,8 +234,8 @@ class ReplicaStep:
         weights = self.ctx.stage.rt.state_dict()
         return tensor_bundle.checksum(weights), weights_digest(weights)
 
-    async def _await_shares(self, step: int, others: list[str]) -> dict[str, tuple[list, bytes]]:
-        deadline = time.monotonic() + self.share_timeout_s
+    async def _await_shares(self, step: int, others: list[str], wait_s: float) -> dict[str, tuple[list, bytes]]:
+        deadline = time.monotonic() + wait_s
         while True:
             got = self._shares.get(step, {})
             missing = [p for p in others if p not in got]

@@ -9,7 +9,9 @@ miss that can only be its own: every other trainer blamed for it *vouched* for i
 completed a micro-batch and had no miss since). So an honest trainer paired in turn with two
 silent ones that never worked (hostile nodes joining together) keeps its place, and the silent
 ones are evicted on the routes that pair them with trainers known to work. While no such trainer
-exists (every route of a fresh swarm holds a silent one), nobody is evicted for deadlines.
+exists (every route of a fresh swarm holds a silent one), nobody is evicted for deadlines. A
+trainer that leaves and joins again keeps its misses (bounded, :data:`MAX_DEPARTED_REMEMBERED`)
+and must prove itself anew.
 :meth:`RouteHealth.routes` isolates suspects (trainers with misses): each gets a route of its
 own whose other stages are clean trainers, where the stages hold enough of them; with no
 suspects the routes are exactly ``NodeLinks.routes()`` (route r takes replica r of every stage).
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: micro-batch misses in a row (no completed micro-batch in between) that evict a trainer
 MAX_MISSES = 2
+#: departed trainers whose misses are kept, so that a silent one which drops its connection and
+#: joins again resumes its count (a deaf node did, every ~20 s, and was never evicted); oldest go first
+MAX_DEPARTED_REMEMBERED = 256
 
 
 class RouteHealth:
@@ -52,8 +57,9 @@ class RouteHealth:
         if not replicas or not all(replicas):
             return []
         live = {p for ids in replicas for p in ids}
-        for gone in [p for p in self.misses if p not in live]:
-            del self.misses[gone]  # bounded by the trainers present
+        departed = [p for p in self.misses if p not in live]
+        for gone in departed[:max(0, len(departed) - MAX_DEPARTED_REMEMBERED)]:
+            del self.misses[gone]  # bounded; a rejoining trainer resumes its misses (but proves itself anew)
         self.proven &= live
         width = max(len(ids) for ids in replicas)
         routes: list[list[str]] = [[] for _ in range(width)]

@@ -19,9 +19,12 @@
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
    rule — and steps; the stage leader the links name streams weight deltas to the inference
-   replicas); once ``stepped`` comes back (a trainer that trained none of the step's tokens is
-   waited for one micro-batch deadline after the others, not the step's) the version advances
-   and is recorded, and each stage's full-weight digests go to the links' majority vote (a replica
+   replicas; ``apply`` caps each of a trainer's waits on its peers at :data:`PEER_WAIT_SHARE` of the
+   step deadline, so one kept waiting by a silent replica still steps in time); once ``stepped``
+   comes back (a trainer is waited for one micro-batch deadline after its peers in the step have
+   stepped, not the step's: its stage's other replicas, or, if it trained none of the step's
+   tokens, every trainer that did) the version advances and is recorded, and each
+   stage's full-weight digests go to the links' majority vote (a replica
    whose digest is the one decided is credited the step, ``engine.swarm.credit``; under DiLoCo only
    sync versions are voted, so only they are credited). The step log keeps per stage what its
    replicas reported (:func:`stage_figures`: gradient norm, a skipped non-finite aggregate, the
@@ -62,6 +65,12 @@ log = logging.getLogger(__name__)
 #: the steps wait for catch-ups (``NodeLinks.catching_up``) at most this share of the run's time, whoever
 #: asks: a credit of ``CATCH_UP_HOLD_S`` seconds that refills at this many seconds per second
 CATCH_UP_HOLD_SHARE = 0.1
+#: the share of the step deadline a trainer may wait on any one exchange with its peers (``apply``'s
+#: ``peer_wait_s``): a step holds at most two (replica shares or DiLoCo's outer sync, and the tied
+#: gradient), so a third leaves the last third for its compute. At the node's own 20 s share timeout
+#: and a 20 s step deadline, an honest replica waiting out a silent one said ``stepped`` late, was
+#: blamed for it twice and evicted
+PEER_WAIT_SHARE = 1 / 3
 
 Route = tuple[str, ...]
 
@@ -407,6 +416,42 @@ class StepRunner:
         self._hold_credit_at = time.monotonic()
         self._hold_credit_s -= self._hold_credit_at - now
 
+    async def _await_stepped(self, step: int, expected: set[str], contributors: set[str]) -> None:
+        """Wait for ``stepped`` from the ``expected`` trainers, up to the step deadline; a trainer
+        whose peers in the step have all stepped gets one micro-batch deadline more, not the rest of
+        the step's: for a contributor, its stage's other replicas (they waited for its share, at
+        most ``peer_wait_s``, and did the same work); for one that trained nothing (its replicas
+        did not wait for its share), every contributor. Each one still silent then is a miss of its own.
+        A deaf replica that trained used to hold every step it was in for the whole step deadline."""
+        stage_of = {p: s for s, replicas in enumerate(self.links.stage_replicas()) for p in replicas}
+        step_deadline = time.monotonic() + self.step_timeout_s
+        own_deadline: dict[str, float] = {}  #: trainer -> its deadline, once its peers in the step stepped
+        while True:
+            got = self._stepped.get(step, {})
+            alive = {p for replicas in self.links.stage_replicas() for p in replicas}
+            waiting = (expected & alive) - set(got)
+            if not waiting:
+                return
+            now = time.monotonic()
+            for peer in waiting - own_deadline.keys():
+                if peer in contributors:
+                    peers = {q for q in expected & alive if q != peer and stage_of.get(q) == stage_of.get(peer)}
+                else:
+                    peers = contributors & alive
+                if peers and peers <= set(got):
+                    own_deadline[peer] = now + self.microbatches.mb_timeout_s
+            deadline = min(step_deadline, max(own_deadline.get(p, step_deadline) for p in waiting))
+            if now >= deadline:
+                log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
+                for peer in sorted(waiting):  # one trainer each: no doubt who was silent
+                    self.microbatches.health.missed([peer], f"no 'stepped' for step {step}")
+                return
+            self._stepped_event.clear()
+            try:
+                await asyncio.wait_for(self._stepped_event.wait(), deadline - now)
+            except asyncio.TimeoutError:
+                pass
+
     async def _apply(self, step: int) -> bool:
         await self._wait_for_catch_ups()
         version = step + 1
@@ -423,32 +468,11 @@ class StepRunner:
             for peer in replicas:
                 apply = messages.Apply(step=step, version=version, replicas=replicas, leader=leader,
                                        checkpoint=checkpoint and peer == leader, token_shares=shares,
-                                       inference=inference[stage] if stage < len(inference) else [])
+                                       inference=inference[stage] if stage < len(inference) else [],
+                                       peer_wait_s=self.step_timeout_s * PEER_WAIT_SHARE)
                 if await self.links.send(peer, apply):
                     expected.add(peer)
-        deadline = time.monotonic() + self.step_timeout_s
-        #: trainers whose gradient is in the step; once they all stepped, one that trained nothing
-        #: (its replicas did not wait for its share either) gets one micro-batch deadline more
-        contributors = {p for p in expected if trained[p] > 0}
-        while True:
-            got = self._stepped.get(step, {})
-            alive = {p for replicas in self.links.stage_replicas() for p in replicas}
-            waiting = (expected & alive) - set(got)
-            if not waiting:
-                break
-            if contributors and not waiting & contributors:
-                deadline = min(deadline, time.monotonic() + self.microbatches.mb_timeout_s)
-                contributors = set()
-            if time.monotonic() >= deadline:
-                log.warning("step %d: no 'stepped' from %s", step, sorted(waiting))
-                for peer in sorted(waiting):  # one trainer each: no doubt who was silent
-                    self.microbatches.health.missed([peer], f"no 'stepped' for step {step}")
-                break
-            self._stepped_event.clear()
-            try:
-                await asyncio.wait_for(self._stepped_event.wait(), deadline - time.monotonic())
-            except asyncio.TimeoutError:
-                pass
+        await self._await_stepped(step, expected, {p for p in expected if trained[p] > 0})
         reports = self._stepped.pop(step, {})
         if not reports:
             return False

@@ -278,7 +278,8 @@ class _Peers:
         self.sent.append(peer)
 
 
-def _apply_among(replicas: list[str], shares: list[float], stalled: set[str], share_from: list[str]):
+def _apply_among(replicas: list[str], shares: list[float], stalled: set[str], share_from: list[str],
+                 peer_wait_s: float | None = None):
     """Replica "me" of stage 0 applies step 0 among ``replicas`` with ``shares``; the replicas in
     ``share_from`` sent their share first. Returns (seconds, what it sent the coordinator, peers sent to)."""
     from backends.base import StageSpec
@@ -311,7 +312,7 @@ def _apply_among(replicas: list[str], shares: list[float], stalled: set[str], sh
     async def main():
         started = time.monotonic()
         await rs._apply(messages.Apply(step=0, version=1, replicas=list(replicas), leader="me", checkpoint=False,
-                                       token_shares=list(shares), inference=[]))
+                                       token_shares=list(shares), inference=[], peer_wait_s=peer_wait_s))
         seconds = time.monotonic() - started
         await ctx.tasks.cancel_all()
         return seconds
@@ -346,7 +347,9 @@ def test_a_replica_that_trained_nothing_is_not_waited_for_its_share():
     assert seconds < 1.0 and sent == [] and [type(m).__name__ for m in reports] == ["Stepped"]
 
 
-def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micro_batch_deadline(tmp_path):
+def _apply_with_a_deaf_a1(tmp_path, trained: dict[str, int]):
+    """A coordinator's apply of step 0 over stages [a0, a1], [b0]: a1 reads nothing, the others
+    step at once. Returns (applied, seconds, the micro-batch health)."""
     import json
 
     from engine.paths import base_checkpoint_dir
@@ -371,7 +374,7 @@ def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micr
                     update_bytes=0, dense_bytes=0, checkpoint_path=None))
     for peer, stage in (("a0", 0), ("a1", 0), ("b0", 1)):
         c.sessions[peer] = NodeSession(peer, Ws(peer), "torch", "cpu", stage=stage, ready=True)
-    c.steps.microbatches.trained_tokens.update({"a0": 10, "b0": 10})
+    c.steps.microbatches.trained_tokens.update(trained)
 
     async def apply():
         started = time.monotonic()
@@ -381,9 +384,25 @@ def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micr
         ok, seconds = asyncio.run(apply())
     finally:
         c.store.close()
-    assert ok and c.book.version == 1
+    assert not ok or c.book.version == 1
+    return ok, seconds, c.steps.microbatches.health
+
+
+def test_a_trainer_that_trained_nothing_and_never_steps_costs_the_apply_one_micro_batch_deadline(tmp_path):
+    ok, seconds, health = _apply_with_a_deaf_a1(tmp_path, {"a0": 10, "b0": 10})
+    assert ok
     assert MB_TIMEOUT_S <= seconds < 3 * MB_TIMEOUT_S, seconds  # not the 30 s step deadline
-    assert c.steps.microbatches.health.misses == Counter({"a1": 1})
+    assert health.misses == Counter({"a1": 1})
+
+
+def test_a_replica_that_trained_but_never_steps_costs_one_micro_batch_deadline_after_its_sibling_stepped(tmp_path):
+    """A deaf trainer that got its micro-batches over WebRTC (so it trained) but reads no ``apply``:
+    once its stage's other replica stepped it has one micro-batch deadline more, then it is a miss
+    of its own. It used to hold every step it was in for the whole step deadline."""
+    ok, seconds, health = _apply_with_a_deaf_a1(tmp_path, {"a0": 10, "a1": 10, "b0": 20})
+    assert ok
+    assert MB_TIMEOUT_S <= seconds < 3 * MB_TIMEOUT_S, seconds
+    assert health.misses == Counter({"a1": 1})
 
 
 def test_a_micro_batch_re_dispatched_to_a_first_stage_still_holding_its_first_try_replaces_it():
@@ -442,3 +461,31 @@ def test_a_micro_batch_re_dispatched_to_a_first_stage_still_holding_its_first_tr
     assert coordinator.sent == []  # no mb_failed
     assert peers.sent == [("silent", ["a0", "silent"]), ("b1", ["a0", "b1"])]
     assert stage.keys == {"3:1"} and training._routes["3:1"] == ["a0", "b1"]  # a gradient comes back on the retry's
+
+
+def test_a_replica_waits_for_a_silent_sibling_only_as_long_as_apply_allows_then_steps_in_time():
+    """A sibling that trained (so its share is waited for) but sends nothing: the trainer steps once
+    ``apply``'s ``peer_wait_s`` is over, not after its own share timeout (3 s here). With a share
+    timeout as long as the coordinator's step deadline, an honest trainer waiting out a hostile
+    sibling said ``stepped`` late, was blamed for the silence twice and evicted (a CI run)."""
+    seconds, reports, _ = _apply_among(["me", "honest", "silent"], [0.4, 0.3, 0.3], stalled=set(),
+                                       share_from=["honest"], peer_wait_s=0.5)
+    assert 0.5 <= seconds < 1.5, seconds
+    assert [type(m).__name__ for m in reports] == ["Stepped"]
+    unbounded, _, _ = _apply_among(["me", "honest", "silent"], [0.4, 0.3, 0.3], stalled=set(),
+                                   share_from=["honest"])
+    assert unbounded >= 3.0, unbounded  # without it, the node's own share timeout
+
+
+def test_a_silent_trainer_that_leaves_and_joins_again_resumes_its_misses_and_must_prove_itself_anew():
+    """A deaf node's websocket is dropped and its process joins again: its miss stays, so the next
+    one evicts it (it used to start over at each rejoin and stayed in the routes for minutes)."""
+    links = RecordingLinks.grid([["a0", "a1"], ["b0", "b1"]])
+    health = RouteHealth(links, Counter())
+    health.answered(["a0", "a1", "b0", "b1"])
+    assert health.missed(["b1"], "no 'stepped'") == []
+    links.stages[1].remove("b1")
+    health.routes()  # b1 is gone: it is no longer known to work
+    links.stages[1].append("b1")
+    assert health.misses["b1"] == 1 and "b1" not in health.proven
+    assert health.missed(["b1"], "no 'stepped'") == ["b1"]
