@@ -18,13 +18,13 @@ What it does not know: links, replicas, processes; which scheme is good.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from engine.bench.act_boundary import BoundaryMeter, gradient_pass, totals, wrap_stages
+from engine.bench.real_recipe import eval_point, load_stages, make_trainer, recipe
 
 #: training-stream items whose forward and backward pass comes first for every scheme of a real-model
 #: bench (a basis scheme fits its bases from them, as a swarm's stages do from their first jobs); not measured
@@ -76,17 +76,12 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
     """``polis demo --model``'s recipe (with ``settings``, ``KEY=VALUE`` run-config overrides, on top)
     trained ``versions`` versions in process through each scheme's boundary (2 stages, torch on the
     CPU): the eval curve and the bytes per trained sample."""
-    from engine.model.checkpoint import Checkpoint
-    from engine.model.loader import load_stage
-    from engine.model.shard_plan import plan_stages
     from engine.rl.codec import load_codec
     from engine.rl.pipeline import LocalPipeline
     from engine.rl.rollout import greedy_completions
-    from engine.rl.trainer import Trainer
-    from engine.swarm.train_command import optimizer_config, run_config, trainer_config
 
-    run = run_config(argparse.Namespace(model=str(model), task=None, set=list(settings or []), env=""))
-    codec, ck = load_codec(model), Checkpoint(model)
+    run = recipe(model, settings or [])
+    codec = load_codec(model)
     out: dict[str, Any] = {"model": str(model), "task": run.task.name, "task_options": dict(run.task.options),
                            "lora_rank": run.lora.rank if run.lora.enabled else None, "lr": run.lr,
                            "settings": list(settings or []), "micro_batch_rows": run.micro_batch_rows,
@@ -95,11 +90,10 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
     calibration_lens: list[int] = []
     for name in schemes:
         t0 = time.perf_counter()
-        stages = [load_stage(ck, spec, "torch", "cpu", optimizer_config(run))
-                  for spec in plan_stages(ck.config.num_hidden_layers, 2)]
+        stages = load_stages(model, run)
         chain = wrap_stages(stages, name)
         try:
-            trainer = Trainer(LocalPipeline(chain), codec, trainer_config(run))
+            trainer = make_trainer(model, run, chain)
             if calibration is None:  # the same rows for every scheme: exact completions of training prompts
                 task = trainer.run_task  # prompts of another seed's training stream than the run's own
                 prompts = [task.prompt_ids(key) for key, _ in zip(task.train_prompts(run.seed + 1),
@@ -134,20 +128,3 @@ def _byte_figures(acts: dict[str, Any], grads: dict[str, Any], samples: int) -> 
     return {"activations": acts, "gradients": grads,
             "bytes_per_sample": round(wire / samples, 1) if samples else None,
             "x_fewer_than_fp32": round(fp32 / wire, 2) if wire else None}
-
-
-def eval_point(chain, trainer, version: int, samples: int,
-                trained: dict[str, BoundaryMeter] | None = None) -> dict[str, Any]:
-    """One held-out eval; what crossed the boundary since the last one (training) is added to
-    ``trained`` first, and the eval's own traffic is dropped after."""
-    for kind, meter in (trained or {}).items():
-        for boundary in chain:
-            meter.merge(boundary.meters[kind])
-    e = trainer.evaluate()
-    for boundary in chain:
-        boundary.reset_meters()
-    point = {"version": version, "samples": samples, "strict": round(e.exact_match, 4),
-             "content": None if e.content is None else round(e.content, 4)}
-    print(f"    v{version} ({samples} samples): strict {e.exact_match:.3f} content {point['content']}",
-          file=sys.stderr, flush=True)
-    return point

@@ -27,7 +27,6 @@ tiny base's swarm for those).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -35,31 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench.act_learning import eval_point
+from engine.bench.real_recipe import eval_point, load_stages, make_trainer, recipe
 
 DENSE = "dense_fp32_every_step"
 
 
-def _run(model: Path, settings: list[str]):
-    from engine.swarm.train_command import run_config
-
-    return run_config(argparse.Namespace(model=str(model), task=None, set=list(settings), env=""))
-
-
 def _replica(model: Path, run):
     """A 2-stage pipeline of ``run``'s recipe and its trainer: ``(stages, trainer)``."""
-    from engine.model.checkpoint import Checkpoint
-    from engine.model.loader import load_stage
-    from engine.model.shard_plan import plan_stages
-    from engine.rl.codec import load_codec
-    from engine.rl.pipeline import LocalPipeline
-    from engine.rl.trainer import Trainer
-    from engine.swarm.train_command import optimizer_config, trainer_config
-
-    ck = Checkpoint(model)
-    stages = [load_stage(ck, spec, "torch", "cpu", optimizer_config(run))
-              for spec in plan_stages(ck.config.num_hidden_layers, 2)]
-    return stages, Trainer(LocalPipeline(stages), load_codec(model), trainer_config(run))
+    stages = load_stages(model, run)
+    return stages, make_trainer(model, run, stages)
 
 
 def _share_bytes(encoded) -> int:
@@ -93,7 +76,7 @@ def dense_run(model: Path, settings: list[str], versions: int, eval_every: int, 
     """The reference: one pipeline on each step's whole batch; bytes as ``replicas`` replicas would send."""
     from engine.swarm.replica_sync import ReplicaCompressor, dense_nbytes
 
-    stages, trainer = _replica(model, _run(model, settings))
+    stages, trainer = _replica(model, recipe(model, settings))
     int8 = ReplicaCompressor("int8")
     stepped: list[dict[str, np.ndarray]] = []  # each stage's gradients at each optimiser step
     for stage in stages:
@@ -120,14 +103,14 @@ def diloco_run(model: Path, settings: list[str], versions: int, eval_every: int,
     from engine.swarm.outer_sync import OuterSync
     from engine.swarm.replica_sync import aggregate
 
-    base = _run(model, settings)
+    base = recipe(model, settings)
     sync = base.replica_sync
     if sync.mode != "diloco" or eval_every % sync.inner_steps:
         raise ValueError(f"a diloco scheme with inner_steps dividing eval_every ({eval_every}) is needed")
     if base.prompts_per_step % replicas:
         raise ValueError(f"prompts_per_step {base.prompts_per_step} does not split over {replicas} replicas")
     share = [f"prompts_per_step={base.prompts_per_step // replicas}"]
-    pipelines = [_replica(model, _run(model, [*settings, *share, f"seed={base.seed + r}"])) for r in range(replicas)]
+    pipelines = [_replica(model, recipe(model, [*settings, *share, f"seed={base.seed + r}"])) for r in range(replicas)]
     outer = [[OuterSync(sync, stage.state_dict()) for stage in stages] for stages, _ in pipelines]
     update_bytes = samples = 0
     identical = True
@@ -168,7 +151,7 @@ def real_replica_sync(model: Path, schemes: list[tuple[str, tuple[str, ...]]], v
     if DENSE not in names:
         raise ValueError(f"{DENSE} is the reference: include it")
     ordered = sorted(schemes, key=lambda s: s[0] != DENSE)
-    run = _run(model, list(settings or []))
+    run = recipe(model, list(settings or []))
     out: dict[str, Any] = {"model": str(model), "task": run.task.name, "replicas": replicas, "versions": versions,
                            "eval_every": eval_every, "lora_rank": run.lora.rank if run.lora.enabled else None,
                            "lr": run.lr, "prompts_per_step": run.prompts_per_step, "rows": []}

@@ -57,7 +57,7 @@ def test_a_learning_bench_counts_the_training_traffic_and_drops_the_evals_own():
     from types import SimpleNamespace
 
     from engine.bench.act_boundary import BoundaryMeter
-    from engine.bench.act_learning import eval_point
+    from engine.bench.real_recipe import eval_point
 
     chain = wrap_stages(_two_stages(), "int8_rowwise")
     pipeline = LocalPipeline(chain)

@@ -51,7 +51,7 @@ def _fake_replicas(monkeypatch, sync: ReplicaSyncSettings):
         made.append(_Trainer(stages, move=1.0 + run_.seed))  # replica r moves by 1 + r a step
         return stages, made[-1]
 
-    monkeypatch.setattr(comm_real, "_run", run)
+    monkeypatch.setattr(comm_real, "recipe", run)
     monkeypatch.setattr(comm_real, "_replica", replica)
     return made
 
