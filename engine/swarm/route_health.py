@@ -6,8 +6,11 @@ micro-batch it completes, and the last stage of a route is cleared for a late mi
 loss it did report. A trainer with ``max_misses`` misses in a row is evicted
 (``NodeLinks.evict``, through :meth:`RouteHealth.evict`, which the log-prob audit uses too) by a
 miss that can only be its own: every other trainer blamed for it *vouched* for itself (it has
-completed a micro-batch and had no miss since). So an honest trainer paired in turn with two
-silent ones that never worked (hostile nodes joining together) keeps its place, and the silent
+completed a micro-batch and had no miss since) and then completes one after that miss (one that
+had worked may fall silent at that very micro-batch: without that, a hostile node that worked and
+then went dark got an honest trainer with one earlier miss evicted in its place); meanwhile the
+accused serves no route while its stage has other trainers. So an honest trainer paired in turn
+with two silent ones that never worked (hostile nodes joining together) keeps its place, and the silent
 ones are evicted on the routes that pair them with trainers known to work. While no such trainer
 exists (every route of a fresh swarm holds a silent one), nobody is evicted for deadlines. A
 trainer that leaves and joins again keeps its misses (bounded, :data:`MAX_DEPARTED_REMEMBERED`)
@@ -49,6 +52,9 @@ class RouteHealth:
         self.misses: Counter[str] = Counter()
         #: trainers that completed a micro-batch since they joined (bounded by the trainers present)
         self.proven: set[str] = set()
+        #: trainer at ``max_misses`` -> (the trainers that vouched beside it at its last miss and have
+        #: not answered since, that miss); convicted when the set empties (bounded by the trainers)
+        self._pending: dict[str, tuple[set[str], str]] = {}
 
     def routes(self) -> list[list[str]]:
         """One route per replica of the widest stage; each suspect on a route of its own where the
@@ -61,6 +67,11 @@ class RouteHealth:
         for gone in departed[:max(0, len(departed) - MAX_DEPARTED_REMEMBERED)]:
             del self.misses[gone]  # bounded; a rejoining trainer resumes its misses (but proves itself anew)
         self.proven &= live
+        for gone in [p for p, (partners, _) in self._pending.items() if p not in live or partners - live]:
+            del self._pending[gone]  # it left, or one that must answer for it did
+        # a trainer awaiting conviction serves no route while its stage has others: its two misses
+        # in a row make it the likely silent one, and its partners' next answers decide it
+        replicas = [[p for p in ids if p not in self._pending] or ids for ids in replicas]
         width = max(len(ids) for ids in replicas)
         routes: list[list[str]] = [[] for _ in range(width)]
         suspects_on = [0] * width  #: suspects placed on each route so far
@@ -93,21 +104,36 @@ class RouteHealth:
         route = []
         for ids in replicas:
             ranked = sorted(range(len(ids)), key=lambda j: (
-                ids[j] in failed, self.misses[ids[j]], ids[j] not in self.proven, (j - turn) % len(ids)))
+                ids[j] in failed, ids[j] in self._pending, self.misses[ids[j]], ids[j] not in self.proven,
+                (j - turn) % len(ids)))
             route.append(ids[ranked[0]])
         return route
 
     def answered(self, peers: Iterable[str]) -> None:
-        """These trainers completed a micro-batch: their misses start over, and they are known to work."""
+        """These trainers completed a micro-batch: their misses start over, they are known to work,
+        and a trainer whose last miss they vouched for is now convicted of it (evicted)."""
+        peers = list(peers)
         for peer in peers:
             self.misses.pop(peer, None)
             self.proven.add(peer)
+            self._pending.pop(peer, None)
+        convicted = []
+        for peer, (partners, why) in self._pending.items():
+            partners.difference_update(peers)
+            if not partners:
+                convicted.append((peer, why))
+        for peer, why in convicted:
+            del self._pending[peer]
+            self._evict_for_misses(peer, why)
 
     def missed(self, route: Sequence[str], why: str, *, cleared: Iterable[str] = ()) -> list[str]:
         """A micro-batch on ``route`` got no answer in time, or (a route of one) a trainer did not
         answer ``apply`` (``cleared``: trainers of it that did their part). Every other trainer is
-        blamed; one reaching ``max_misses`` is evicted if each trainer blamed beside it vouched for
-        itself (it completed a micro-batch and had no miss since). Returns the trainers evicted."""
+        blamed. One reaching ``max_misses`` alone on the route is evicted now; beside others, only if
+        each of them vouched for itself (it completed a micro-batch and had no miss since), and then
+        once each has completed a micro-batch after this miss (:meth:`answered`): a trainer that had
+        worked can fall silent at this very micro-batch, and only its answering again shows that the
+        miss was not its own. Returns the trainers evicted now."""
         self.counters["missed_deadlines"] += 1
         self.answered(cleared)
         cleared = set(cleared)
@@ -116,17 +142,30 @@ class RouteHealth:
         evicted = []
         for peer in blamed:
             self.misses[peer] += 1
-            if self.misses[peer] >= self.max_misses and all(vouched[q] for q in blamed if q != peer):
+        for peer in blamed:
+            partners = {q for q in blamed if q != peer}
+            if self.misses[peer] < self.max_misses or not all(vouched[q] for q in partners):
+                continue
+            if partners:
+                self._pending[peer] = (partners, why)  # the latest miss that can convict it
+            else:
                 evicted.append(peer)
         for peer in evicted:
-            self.counters["evicted_trainers"] += 1
-            self.evict(peer, f"missed {self.max_misses} deadlines in a row (last: {why})")
+            self._evict_for_misses(peer, why)
         return evicted
+
+    def _evict_for_misses(self, peer: str, why: str) -> None:
+        self.counters["evicted_trainers"] += 1
+        self.evict(peer, f"missed {self.max_misses} deadlines in a row (last: {why})")
 
     def evict(self, peer: str, why: str) -> None:
         """The one way a node leaves the routes for misbehaving: missed deadlines here, or gross
         log-prob mismatch (``engine.swarm.logprob_audit``)."""
         self.misses.pop(peer, None)
         self.proven.discard(peer)
+        self._pending.pop(peer, None)
+        # a miss beside it may have been its own: it convicts no one now (they stay suspects)
+        for other in [p for p, (partners, _) in self._pending.items() if peer in partners]:
+            del self._pending[other]
         log.warning("evicting %s: %s", peer, why)
         self.links.evict(peer, why)

@@ -84,11 +84,13 @@ def test_a_trainer_that_ignores_train_in_costs_one_micro_batch_deadline_and_is_e
 def test_a_late_micro_batch_whose_loss_came_back_blames_only_the_stages_before_the_last():
     links, counters = RecordingLinks.grid(GRID), Counter()
     health = RouteHealth(links, counters)
-    health.answered(["b1"])  # b1 is known to work: a miss beside it can only be a0's
+    health.answered(["b1"])  # b1 is known to work: a miss beside it can only be a0's (once b1 answers again)
     assert health.missed(["a0", "b0"], "test", cleared=["b0"]) == []
     assert health.misses == Counter({"a0": 1})
-    assert health.missed(["a0", "b1"], "test") == ["a0"] and links.evicted[0][0] == "a0"
-    assert health.misses == Counter({"b1": 1})
+    assert health.missed(["a0", "b1"], "test") == [] and not links.evicted
+    assert sorted(health.routes()) == [["a1", "b0"], ["a1", "b1"]]  # a0, awaiting conviction, serves no route
+    health.answered(["a1", "b1"])
+    assert [p for p, _ in links.evicted] == ["a0"] and health.misses == Counter()
 
 
 def test_suspects_get_routes_of_their_own_when_the_stages_are_of_different_widths():
@@ -112,11 +114,30 @@ def test_a_trainer_known_to_work_is_not_evicted_for_misses_beside_two_silent_new
     health.answered(["a0", "a1", "b0"])  # the swarm before the newcomers b1, b2
     assert health.missed(["a0", "b1"], "test") == []
     assert health.missed(["a0", "b2"], "test") == []  # a0 has 2 misses, but b2 had never worked
-    assert health.missed(["a1", "b1"], "test") == ["b1"]  # a1 works and had no miss: it was b1
+    assert health.missed(["a1", "b1"], "test") == []  # a1 works and had no miss: b1, if a1 answers again
     assert health.missed(["a1", "b2"], "test") == []  # a1 had just missed (beside b1)
-    health.answered(["a1", "b0"])
-    assert health.missed(["a1", "b2"], "test") == ["b2"]
+    health.answered(["a1", "b0"])  # a1 answers: b1 is convicted
+    assert [p for p, _ in links.evicted] == ["b1"]
+    assert health.missed(["a1", "b2"], "test") == []
+    health.answered(["a1"])
     assert [p for p, _ in links.evicted] == ["b1", "b2"] and counters["evicted_trainers"] == 2
+
+
+def test_a_trainer_that_worked_and_then_fell_silent_does_not_get_an_honest_one_evicted_in_its_place():
+    """a0 (honest) shared one miss with x, which fell silent; its next route gave it y, which had
+    worked until then and fell silent too. y vouched for itself at that miss, but never answers
+    again, so a0 is not convicted; x and y are, on routes beside trainers that answer."""
+    links, counters = RecordingLinks.grid([["a0", "a1", "a2"], ["x", "y", "b2"]]), Counter()
+    health = RouteHealth(links, counters)
+    health.answered(["a0", "a1", "a2", "x", "y", "b2"])
+    health.missed(["a0", "x"], "test")
+    health.missed(["a0", "y"], "test")  # a0's second miss in a row, beside y which vouched
+    health.answered(["a1", "a2", "b2"])  # the rest of the swarm works on
+    assert not links.evicted
+    health.missed(["a1", "x"], "test")
+    health.missed(["a2", "y"], "test")
+    health.answered(["a1", "a2", "b2", "a0"])
+    assert sorted(p for p, _ in links.evicted) == ["x", "y"] and counters["evicted_trainers"] == 2
 
 
 def test_a_retry_goes_to_trainers_known_to_work_rather_than_to_newcomers():
