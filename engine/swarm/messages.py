@@ -245,10 +245,11 @@ class Apply(WireMessage, frozen=True, tag="apply"):
     # (micro-batches follow the routes' measured speed, so slow trainers train fewer rows); the
     # aggregation weighs contributions by it. Empty: equal shares
     token_shares: Annotated[list[Fraction], Meta(max_length=MAX_PEERS)] = []
-    # the longest the trainer may wait on any one exchange with its peers in this step (the replicas'
-    # shares, the tied gradient, DiLoCo's outer sync) before going on without them; the coordinator
-    # sets a share of its own step deadline, so a trainer kept waiting by a silent peer still says
-    # ``stepped`` in time and is not blamed for that peer. None: the node's own timeouts
+    # the longest the trainer may wait on its replicas in this step (their shares, or DiLoCo's outer
+    # sync) before going on without them; the tied gradient's wait ends twice this after ``apply``
+    # (the other end may first wait out its own replicas). The coordinator sets a third of its step
+    # deadline, so a trainer kept waiting by a silent peer still says ``stepped`` in time and is not
+    # blamed for that peer. None: the node's own timeouts
     peer_wait_s: Annotated[float, Meta(gt=0.0, le=3600.0)] | None = None
 
 

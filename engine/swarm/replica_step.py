@@ -147,8 +147,11 @@ class ReplicaStep:
         ctx, rt = self.ctx, self.ctx.stage.rt
         step, version = msg.step, msg.version
         others = sorted(p for p in msg.replicas if p != ctx.peer_id)
-        #: each wait on peers in this step (shares, tied gradient, outer sync) ends within this
+        #: each wait on peers in this step (replica shares, DiLoCo's outer sync) ends within this
         wait_s = min(self.share_timeout_s, msg.peer_wait_s or self.share_timeout_s)
+        #: the tied gradient's wait ends two peer waits after ``apply``: the other end may first wait
+        #: out its own replicas' shares (a tied model never runs DiLoCo: no outer sync after it)
+        tied_until = time.monotonic() + 2 * msg.peer_wait_s if msg.peer_wait_s else None
         grads = await ctx.compute.run(rt.grads)
         dense = dense_nbytes(grads)
         update_bytes = 0
@@ -170,7 +173,7 @@ class ReplicaStep:
             agg = await ctx.compute.run(partial(aggregate, shares=shares), contributions)
         else:
             agg = grads
-        tied = await self.tied.combine(step, agg, wait_s=msg.peer_wait_s)  # None: nothing shared with another stage
+        tied = await self.tied.combine(step, agg, until=tied_until)  # None: nothing shared with another stage
         if tied is None:
             norm = await ctx.compute.run(rt.apply, agg, ctx.stage.run_cfg.max_grad_norm, version)
         else:

@@ -66,8 +66,9 @@ log = logging.getLogger(__name__)
 #: asks: a credit of ``CATCH_UP_HOLD_S`` seconds that refills at this many seconds per second
 CATCH_UP_HOLD_SHARE = 0.1
 #: the share of the step deadline a trainer may wait on any one exchange with its peers (``apply``'s
-#: ``peer_wait_s``): a step holds at most two (replica shares or DiLoCo's outer sync, and the tied
-#: gradient), so a third leaves the last third for its compute. At the node's own 20 s share timeout
+#: ``peer_wait_s``): its replicas' shares or DiLoCo's outer sync; the tied gradient's wait ends two
+#: such shares after ``apply`` (the other end may first wait out its own replicas), so the last third
+#: is left for compute. At the node's own 20 s share timeout
 #: and a 20 s step deadline, an honest replica waiting out a silent one said ``stepped`` late, was
 #: blamed for it twice and evicted
 PEER_WAIT_SHARE = 1 / 3

@@ -13,8 +13,8 @@ stage already sends sampled tokens to stage 0). Every trainer of one end sends i
 first that arrives (replicas of a stage hold equal aggregates). A middle stage, a one-stage
 model, a LoRA run (the embedding is frozen: no tied names) have nothing to do.
 
-If the other end's gradient does not come within the deadline (the node's, or ``apply``'s
-``peer_wait_s`` when sooner), the stage steps on its own
+If the other end's gradient does not come within the deadline (the node's, or the one the
+step gives, when sooner), the stage steps on its own
 gradient and norm (the copies then differ by that step) and counts it in ``tied_missing``.
 What it does not know: how gradients are computed or aggregated, the optimiser.
 """
@@ -92,10 +92,11 @@ class TiedSync:
             self._inbox.pop(step, None)
 
     async def combine(self, step: int, grads: dict[str, np.ndarray], *,
-                      wait_s: float | None = None) -> TiedStep | None:
+                      until: float | None = None) -> TiedStep | None:
         """The step's gradients with the tied tensors summed with the other end's, and the unit's
-        norm; None when this stage shares nothing (the caller clips it alone). ``wait_s`` shortens
-        the wait for the other end's (None: our own ``timeout_s``)."""
+        norm; None when this stage shares nothing (the caller clips it alone). ``until`` (a
+        ``time.monotonic()`` instant) ends the wait for the other end's sooner than our own
+        ``timeout_s`` would."""
         other = self._other_end()
         if other is None:
             return None
@@ -105,7 +106,8 @@ class TiedSync:
         message = TiedGrad(step=step, stage=ctx.stage.spec.stage_index, rest_sq_norm=own_rest,
                            tensors=tensor_bundle.wire_entries(entries))
         ctx.send_to_each(self._trainers(other), message, payload, what="tied gradient", name=f"polis-tied-{step}")
-        received = await self._await(step, min(self.timeout_s, wait_s or self.timeout_s))
+        deadline = time.monotonic() + self.timeout_s
+        received = await self._await(step, deadline if until is None else min(deadline, until))
         self._inbox = {s: v for s, v in self._inbox.items() if s > step}
         if received is None:
             ctx.counters["tied_missing"] = ctx.counters.get("tied_missing", 0) + 1
@@ -119,8 +121,7 @@ class TiedSync:
         tied_sq = sq_norm({n: summed[n] for n in names})
         return TiedStep(summed, math.sqrt(first_rest + last_rest + tied_sq))
 
-    async def _await(self, step: int, wait_s: float) -> tuple[TiedGrad, bytes] | None:
-        deadline = time.monotonic() + wait_s
+    async def _await(self, step: int, deadline: float) -> tuple[TiedGrad, bytes] | None:
         while step not in self._inbox:
             if time.monotonic() >= deadline:
                 return None

@@ -171,3 +171,43 @@ def _welcome(stage: int, run: RunConfig, *, source: str = "checkpoint", source_p
     return {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage, "layer_end": 2 * stage + 2,
             "num_layers": 4, "source": source, "source_peer": source_peer, "stage_checkpoint": None,
             "version": version, "run": run.to_dict(), "run_id": "run-lora", "signal_url": "ws://127.0.0.1:9/s"}
+
+
+def test_a_stage_whose_other_end_never_sends_the_tied_gradient_steps_two_peer_waits_after_apply(tmp_path):
+    """The head's node never applies (silent): the embedding's node waits for its tied gradient
+    until two of ``apply``'s ``peer_wait_s`` have passed, not its own 120 s, and steps on its own
+    gradient (``tied_missing``), in time for the coordinator's step deadline."""
+    import time
+
+    model_dir = write_tiny_tied_llama(tmp_path / "tiny", num_layers=4)
+    run = RunConfig(activation_encoding="fp32")
+    wire = MemoryWire()
+    nodes: list[Node] = []
+    took: list[float] = []
+
+    async def scenario():
+        first, last = _node(P0, wire, model_dir), _node(P1, wire, model_dir)
+        nodes.extend([first, last])
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+        for stage, node in enumerate(nodes):
+            _send(node, {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
+                         "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
+                         "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": "run-tied",
+                         "signal_url": "ws://127.0.0.1:9/s"})
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        route = [P0, P1]
+        _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": INPUTS})
+        _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": TARGETS,
+                     "mask": MASK, "behaviour": [[-1.0] * 5] * 2, "advantages": ADVANTAGES, "normaliser": 6.0})
+        await _until("mb_done", lambda: _sent(first, messages.MbDone))
+        started = time.monotonic()
+        _send(first, {"type": "apply", "step": 0, "version": 1, "replicas": [P0], "checkpoint": False,
+                      "peer_wait_s": 0.25})
+        await _until("stepped", lambda: _sent(first, messages.Stepped))
+        took.append(time.monotonic() - started)
+        assert first.ctx.counters.get("tied_missing", 0) == 1
+
+    _run(scenario, nodes)
+    assert 0.5 <= took[0] < 3.0, took
