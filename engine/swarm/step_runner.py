@@ -490,12 +490,14 @@ class StepRunner:
 
     async def _check_replicas(self, reports: dict[str, messages.Stepped], version: int) -> dict[int, str | None]:
         """Replicas of a stage must hold equal weights (under DiLoCo only right after a sync,
-        ``RunConfig.replica_sync``): their full-weight digests are put to a vote
-        (``engine.swarm.weight_votes``; outvoted replicas are resynced from the majority).
-        Returns per stage the digest the vote decided (None: no vote, or no majority)."""
-        agree = self.run.replica_sync.synced_at(version)
+        ``RunConfig.replica_sync``; a lone replica agrees with itself at every version): their
+        full-weight digests are put to a vote (``engine.swarm.weight_votes``; outvoted replicas are
+        resynced from the majority). Returns per stage the digest the vote decided (None: no vote,
+        or no majority)."""
+        synced = self.run.replica_sync.synced_at(version)
         out: dict[int, str | None] = {}
         for stage, replicas in enumerate(self.links.stage_replicas()):
+            agree = synced or len(replicas) == 1
             seen = [(p, reports[p]) for p in replicas if p in reports]
             for _, m in seen:
                 if m.checkpoint_path:

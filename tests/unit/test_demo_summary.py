@@ -56,6 +56,21 @@ def test_the_real_model_recipe_comes_first_and_the_users_settings_win():
     assert every["eval_every_versions"] == every["checkpoint_every_versions"]  # every evaluated version exports
 
 
+def test_the_real_model_recipe_syncs_replicas_with_diloco_unless_the_user_turns_lora_off():
+    from engine.swarm.run_config import RunConfig, apply_overrides
+
+    args = argparse.Namespace(model="smollm2-135m", task=None, set=[])
+    run = apply_overrides(RunConfig(), real_model_settings(args))
+    sync = run.replica_sync
+    assert (sync.mode, sync.inner_steps, sync.encoding, sync.topk_fraction, sync.value_bits) == \
+        ("diloco", 16, "topk", 1.0, 2) and run.lora.enabled
+    args.set = ["lora.enabled=false"]  # full fine-tuning of a tied model cannot run DiLoCo: every step then
+    assert apply_overrides(RunConfig(), real_model_settings(args)).replica_sync.mode == "every_step"
+    args.set = ["replica_sync.mode=every_step"]  # and the user's choice wins
+    assert apply_overrides(RunConfig(), real_model_settings(args)).replica_sync.mode == "every_step"
+    assert "replica_sync.mode=diloco" not in real_model_settings(argparse.Namespace(model=None, task=None, set=[]))
+
+
 def test_the_progress_line_shows_the_reward_over_the_last_eight_steps_weighted_by_their_samples():
     from engine.swarm.demo import _progress_line
 

@@ -233,6 +233,9 @@ def test_the_coordinator_votes_on_replica_weights_only_at_versions_where_diloco_
     assert votes == []
     asyncio.run(StepRunner._check_replicas(runner, reports(8), 8))  # right after a sync: the digests are voted on
     assert votes == [(0, {"a": "aa" * 16, "b": "bb" * 16}, 8)]
+    runner.links.stage_replicas = lambda: [["a"]]  # a lone replica agrees with itself: recorded every version
+    asyncio.run(StepRunner._check_replicas(runner, reports(5), 5))  # (credit and export's digest go on)
+    assert votes[-1] == (0, {"a": "aa" * 16}, 5)
 
 
 def test_dense_two_bit_pseudo_gradients_carry_no_indices_and_error_feedback_sends_what_they_round_off():
