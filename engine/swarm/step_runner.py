@@ -19,16 +19,16 @@
    (``engine.swarm.microbatches``), then every trainer is told to ``apply`` (replicas exchange
    compressed gradients, each stage clips its own gradient norm — the planner's per-stage
    rule — and steps; the stage leader the links name streams weight deltas to the inference
-   replicas; ``apply`` caps each of a trainer's waits on its peers at :data:`PEER_WAIT_SHARE` of the
+   replicas; ``apply`` caps a trainer's wait on its replicas at :data:`PEER_WAIT_SHARE` of the
    step deadline, so one kept waiting by a silent replica still steps in time); once ``stepped``
    comes back (a trainer is waited for one micro-batch deadline after its peers in the step have
    stepped, not the step's: its stage's other replicas, or, if it trained none of the step's
-   tokens, every trainer that did) the version advances and is recorded, and each
-   stage's full-weight digests go to the links' majority vote (a replica
-   whose digest is the one decided is credited the step, ``engine.swarm.credit``; under DiLoCo only
-   sync versions are voted, so only they are credited). The step log keeps per stage what its
-   replicas reported (:func:`stage_figures`: gradient norm, a skipped non-finite aggregate, the
-   decided digest); skipped ones are counted (``skipped_updates``).
+   tokens, every trainer that did) the version advances and is recorded, and each stage's
+   full-weight digests go to the links' majority vote (a replica whose digest is the one decided
+   is credited the step, ``engine.swarm.credit``; under DiLoCo only sync versions are voted, so
+   only they are credited, except for a stage's lone replica, voted every version). The step log
+   keeps per stage what its replicas reported (:func:`stage_figures`: gradient norm, a skipped
+   non-finite aggregate, the decided digest); skipped ones are counted (``skipped_updates``).
 
 If a batch's first update cannot complete, nodes are told to ``abort`` it and its rollouts
 stay in the buffer for one more try — unless nodes refused a micro-batch of it, or it already
@@ -68,9 +68,8 @@ CATCH_UP_HOLD_SHARE = 0.1
 #: the share of the step deadline a trainer may wait on any one exchange with its peers (``apply``'s
 #: ``peer_wait_s``): its replicas' shares or DiLoCo's outer sync; the tied gradient's wait ends two
 #: such shares after ``apply`` (the other end may first wait out its own replicas), so the last third
-#: is left for compute. At the node's own 20 s share timeout
-#: and a 20 s step deadline, an honest replica waiting out a silent one said ``stepped`` late, was
-#: blamed for it twice and evicted
+#: is left for compute. At the node's own 20 s share timeout and a 20 s step deadline, an honest
+#: replica waiting out a silent one said ``stepped`` late, was blamed for it twice and evicted
 PEER_WAIT_SHARE = 1 / 3
 
 Route = tuple[str, ...]
