@@ -47,6 +47,19 @@ def _send(node: Node, message: dict) -> None:
     node.on_coordinator(messages.decode_from_coordinator(json.dumps(message)))
 
 
+async def _two_ready_stages(wire: MemoryWire, model_dir, run: RunConfig, nodes: list[Node]) -> tuple[Node, Node]:
+    """The nodes of stage 0 (P0) and stage 1 (P1), added to ``nodes``, welcomed to ``run`` and ready."""
+    first, last = _node(P0, wire, model_dir), _node(P1, wire, model_dir)
+    nodes.extend([first, last])
+    for node in nodes:
+        await node.start_compute()
+        _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+    for stage, node in enumerate(nodes):
+        _send(node, _welcome(stage, run))
+    await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+    return first, last
+
+
 def test_the_two_copies_of_a_tied_embedding_stay_bit_identical_and_equal_the_in_process_pipeline(tmp_path):
     model_dir = write_tiny_tied_llama(tmp_path / "tiny", num_layers=4)
     # a large lr and a clip that bites (copies drift if mishandled); lossless activations, to compare with in-process
@@ -76,17 +89,7 @@ def test_the_two_copies_of_a_tied_embedding_stay_bit_identical_and_equal_the_in_
     initial: dict[str, np.ndarray] = {}
 
     async def scenario():
-        first, last = _node(P0, wire, model_dir), _node(P1, wire, model_dir)
-        nodes.extend([first, last])
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-        for stage, node in enumerate(nodes):
-            _send(node, {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
-                         "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
-                         "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": "run-tied",
-                         "signal_url": "ws://127.0.0.1:9/s"})
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last = await _two_ready_stages(wire, model_dir, run, nodes)
         assert first.rt.tied_names == last.rt.tied_names == (TIED,)
         initial[TIED] = first.rt.state_dict()[TIED].copy()
         route = [P0, P1]
@@ -170,7 +173,7 @@ def _welcome(stage: int, run: RunConfig, *, source: str = "checkpoint", source_p
              version: int = 0) -> dict:
     return {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage, "layer_end": 2 * stage + 2,
             "num_layers": 4, "source": source, "source_peer": source_peer, "stage_checkpoint": None,
-            "version": version, "run": run.to_dict(), "run_id": "run-lora", "signal_url": "ws://127.0.0.1:9/s"}
+            "version": version, "run": run.to_dict(), "run_id": "run-tied", "signal_url": "ws://127.0.0.1:9/s"}
 
 
 def test_a_stage_whose_other_end_never_sends_the_tied_gradient_steps_two_peer_waits_after_apply(tmp_path):
@@ -186,17 +189,7 @@ def test_a_stage_whose_other_end_never_sends_the_tied_gradient_steps_two_peer_wa
     took: list[float] = []
 
     async def scenario():
-        first, last = _node(P0, wire, model_dir), _node(P1, wire, model_dir)
-        nodes.extend([first, last])
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-        for stage, node in enumerate(nodes):
-            _send(node, {"type": "welcome", "stage": stage, "num_stages": 2, "layer_start": 2 * stage,
-                         "layer_end": 2 * stage + 2, "num_layers": 4, "source": "checkpoint", "source_peer": None,
-                         "stage_checkpoint": None, "version": 0, "run": run.to_dict(), "run_id": "run-tied",
-                         "signal_url": "ws://127.0.0.1:9/s"})
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last = await _two_ready_stages(wire, model_dir, run, nodes)
         route = [P0, P1]
         _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": INPUTS})
         _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": TARGETS,
