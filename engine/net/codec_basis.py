@@ -8,7 +8,8 @@ stage has already sent (``Basis.fit``), identified by a content hash (``basis_id
 sent *once per link* (``inline``); every later tensor names it and carries only
 
 * each row's coefficients ``(row - mean) @ pinv(basis)`` as ``codec_int8`` rows (per-row
-  scales, column-scaled when the coefficients' spreads differ, as principal components do);
+  scales, column-scaled when the coefficients' spreads differ, as principal components do),
+  with 8-bit codes, or 4-bit ones when ``params["bits"]`` is 4 (absent: 8);
 * the ``outliers`` entries the low-rank rows miss most (the massive activations of a
   pretrained model's attention sink are the first of them), exact as bfloat16, positions as
   varint gaps (``codec_topk``'s writing).
@@ -17,7 +18,7 @@ Rank 128 of 576 then costs ~135 bytes a row (17x fewer than float32), rank 64 ~7
 Payload, in order (little-endian)::
 
     [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
-    [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled per params
+    [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled, bits per params
     [outlier positions: varint gaps, index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
 
@@ -39,7 +40,7 @@ import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -201,20 +202,25 @@ class BasisParams(WireRecord, frozen=True):
     col_scaled: bool  # the coefficients' int8 payload carries column scales
     outliers: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent exactly (<= the tensor's elements)
     index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of the outliers' positions
+    bits: Literal[8, 4] = 8  # bits per coefficient code (sent only when 4)
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
-                   outlier_index_bytes: int) -> int:
+                   outlier_index_bytes: int, bits: int = 8) -> int:
     """Exact payload length the params imply (the decoder refuses any other)."""
     basis = (4 * cols + 2 * rank * cols) if inline else 0
-    return basis + codec_int8.payload_nbytes(rows, rank, coef_col_scaled) + outlier_index_bytes + 2 * outliers
+    return (basis + codec_int8.payload_nbytes(rows, rank, coef_col_scaled, bits) + outlier_index_bytes
+            + 2 * outliers)
 
 
 def encode(array: np.ndarray, basis: Basis, inline: bool = False,
-           outlier_fraction: float = DEFAULT_OUTLIER_FRACTION) -> tuple[dict[str, Any], bytes]:
-    """Encode a float32 array whose last dim is ``basis.cols`` (ValueError for a sender mistake)."""
+           outlier_fraction: float = DEFAULT_OUTLIER_FRACTION, code_bits: int = 8) -> tuple[dict[str, Any], bytes]:
+    """Encode a float32 array whose last dim is ``basis.cols`` (ValueError for a sender mistake);
+    ``code_bits``: 8 or 4 bits per coefficient code."""
     if not isinstance(basis, Basis):
         raise ValueError("the basis encoding needs a Basis")
+    if code_bits not in codec_int8.CODE_BITS:
+        raise ValueError(f"code_bits must be one of {codec_int8.CODE_BITS}, got {code_bits!r}")
     if not np.isfinite(array).all():
         raise ValueError("basis cannot encode NaN or inf")
     if not 0.0 <= outlier_fraction <= 1.0:
@@ -235,9 +241,9 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
             fit = (sub - basis.mean) @ basis.pinv()
             sub.reshape(-1)[local] = (fit @ basis.vectors + basis.mean).reshape(-1)[local]
         coef[touched] = (sub - basis.mean) @ basis.pinv()
-    coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32))
+    coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32), bits=code_bits)
     coef_q = codec_int8.decode((rows, basis.rank), rows * basis.rank, coef_params,
-                               PayloadReader(memoryview(coef_payload))).reshape(rows, basis.rank)
+                               PayloadReader(memoryview(coef_payload)), code_bits).reshape(rows, basis.rank)
     parts = [basis.to_bytes()] if inline else []
     parts.append(coef_payload)
     index_section = b""
@@ -248,7 +254,7 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
         parts += [index_section, values]
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
               "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
-              "index_bytes": len(index_section)}
+              "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 else {})}
     return params, b"".join(parts)
 
 
@@ -266,7 +272,7 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
                                    _VARINT_MAX_BYTES * n_out)
     reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
                                        coef_col_scaled=typed.col_scaled, outliers=n_out,
-                                       outlier_index_bytes=index_bytes))
+                                       outlier_index_bytes=index_bytes, bits=typed.bits))
     if typed.inline:
         basis = read_basis(reader, typed.rank, cols)
         if basis.basis_id != typed.id:
@@ -280,7 +286,7 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     if basis.rank != typed.rank or basis.cols != cols:
         raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
                               f"{typed.rank} x {cols}")
-    coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients")
+    coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients", typed.bits)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
         out = coef.reshape(rows, typed.rank) @ basis.vectors + basis.mean
     codec_outliers.apply(reader, out, n_out, index_bytes)

@@ -106,7 +106,7 @@ class BoundaryCodec:
             return encode_with(x, *_FALLBACK)
         with self._lock:
             inline = basis.basis_id not in self._held.get(peer, ())
-        extra = {k: v for k, v in params.items() if k == "outlier_fraction"}
+        extra = {k: v for k, v in params.items() if k in ("outlier_fraction", "code_bits")}
         return encode_with(x, "basis", {"basis": basis, "inline": inline, **extra})
 
     def forward_encoded(self, forward: Callable[[str, np.ndarray], np.ndarray], key: str, x: np.ndarray,

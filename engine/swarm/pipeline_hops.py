@@ -10,7 +10,8 @@
   for rank k to pay (a few rows, e.g. one decoding step) goes as int8 rows with the
   outliers exact (``subspace`` at rank 0 with a residual); ``basis_r<k>`` sends rank-k
   coefficients in a basis fitted once per stage and sent once per link; a ``_b4`` suffix
-  sends the gradients' basis and coefficients with 4-bit codes;
+  sends the gradients' basis and coefficients with 4-bit codes (``basis_r<k>_b4``: the
+  coefficients both ways);
 * rows of token ids / floats / flags from the coordinator, which must be rectangular;
 * the route check: an ``act``/``drop``/``grad`` must be addressed to our hop of a
   route as long as the pipeline, and come from the neighbour the route names.
@@ -74,6 +75,10 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     # coefficients: half their bytes, where the rank-j fit already loses ~20 % of a gradient)
     **{f"basis_r{k}_gs{j}_b4": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": j, "code_bits": 4})
        for k, j in ((96, 64), (128, 64), (128, 96))},
+    # activations and gradients as 4-bit coefficients in their fixed bases (the tiny base's
+    # 64-wide boundary, where rank 8 lost learning, needs the bits more than the rank)
+    **{f"basis_r{k}_b4": BoundaryScheme("basis", "basis", {"rank": k, "code_bits": 4}, {"rank": k, "code_bits": 4})
+       for k in (16, 24, 32)},
     # the same forward; gradients as int8 rows with exact outliers
     **{f"basis_r{k}_g8": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": 0}) for k in (96, 128)},
 }

@@ -39,7 +39,7 @@ ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outli
                              "basis_r8", "basis_r16", "basis_r32", "basis_r48", "basis_r64", "basis_r96", "basis_r128",
                              "basis_r8_gs8", "basis_r64_gs64", "basis_r96_gs64", "basis_r96_gs96", "basis_r128_gs64",
                              "basis_r128_gs128", "basis_r96_gs64_b4", "basis_r128_gs64_b4", "basis_r128_gs96_b4",
-                             "basis_r96_g8", "basis_r128_g8"]
+                             "basis_r96_g8", "basis_r128_g8", "basis_r16_b4", "basis_r24_b4", "basis_r32_b4"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]
@@ -124,6 +124,10 @@ class ReplicaSyncSettings:
       topk_fraction: share of a tensor's entries sent per sync with "topk" (1.0: every
         entry, no index section: dense ``value_bits`` quantisation with error feedback).
       value_bits: bits per sent value with "topk" (8, 4 or 2; scales per 4096 values).
+      value_scale: how "topk" picks each block's scale at 4 or 2 bits: "mse" (the scale,
+        of the absmax one and smaller ones, with the least squared error; the clipped rest
+        waits in the error feedback) or "absmax" (the largest value on the outermost code).
+        The encoder's choice alone: receivers decode both alike.
       error_decay: the residual is multiplied by this before the next pseudo-gradient is
         added (SparseLoCo's beta; 1.0 keeps everything owed).
     """
@@ -135,6 +139,7 @@ class ReplicaSyncSettings:
     encoding: UpdateEncoding = "topk"
     topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
     value_bits: Literal[8, 4, 2] = 2
+    value_scale: Literal["mse", "absmax"] = "mse"
     error_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
 
     def synced_at(self, version: int) -> bool:

@@ -50,14 +50,16 @@ def row_bytes(encoding: str, hidden_size: int) -> tuple[float, float]:
         per_unit, per_row = _PLAIN[encoding]
         size = per_unit * hidden_size + per_row
         return size, size
-    # subspace_r<k> / basis_r<k>[_gs<j>[_b4] | _g8]: about k coefficient bytes and a scale a row
+    # subspace_r<k> / basis_r<k>[_gs<j>[_b4] | _g8 | _b4]: about k coefficient bytes and a scale a row
     parts = encoding.split("_")
-    rank = min(int(parts[1][1:]), hidden_size)
-    grad = float(rank)
-    if len(parts) > 2:
+    rank = float(min(int(parts[1][1:]), hidden_size))
+    grad = rank
+    if len(parts) > 2 and parts[2] != "b4":
         grad = hidden_size if parts[2] == "g8" else min(int(parts[2][2:]), hidden_size)
-    if parts[-1] == "b4":  # 4-bit gradient codes
+    if parts[-1] == "b4":  # 4-bit gradient codes (and, in basis_r<k>_b4, activation codes too)
         grad /= 2
+        if len(parts) == 3:
+            rank /= 2
     return rank + 4.0, grad + 4.0
 
 

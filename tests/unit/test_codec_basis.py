@@ -56,6 +56,26 @@ def test_the_basis_travels_once_then_a_tensor_costs_its_coefficients_only():
     assert encode_tensor(step, "basis", basis=basis).ratio_vs_fp32 > 15  # the header is half of it
 
 
+def test_four_bit_coefficients_halve_a_row_and_say_so_only_when_they_are_four_bits():
+    basis, x, book = _basis(), _residual_stream(seed=2), BasisBook()
+    decode_tensor(*_wire(encode_tensor(x, "basis", basis=basis, inline=True)), bases=book)
+    eight, four = encode_tensor(x, "basis", basis=basis), encode_tensor(x, "basis", basis=basis, code_bits=4)
+    assert "bits" not in eight.header["params"] and four.header["params"]["bits"] == 4
+    rows = x.size // 128
+    index_gap = eight.header["params"]["index_bytes"] - four.header["params"]["index_bytes"]  # other misses
+    assert len(eight.payload) - len(four.payload) - index_gap == rows * 8 // 2  # 8 coefficients: 4 bytes fewer
+    y8, y4 = (decode_tensor(*_wire(e), bases=book) for e in (eight, four))
+    assert np.all(y4[:, 0, 5] == SINK)
+    assert _rel(x, y8) < _rel(x, y4) < 0.05  # 15 levels a row instead of 255
+    header, payload = _wire(four)
+    with pytest.raises(WireFormatError, match="payload has"):  # the params say how long the codes are
+        decode_tensor(dict(header, params=dict(header["params"], bits=8)), payload, bases=book)
+    with pytest.raises(WireFormatError, match="basis params"):
+        decode_tensor(dict(header, params=dict(header["params"], bits=2)), payload, bases=book)
+    with pytest.raises(ValueError, match="code_bits"):
+        encode_tensor(x, "basis", basis=basis, code_bits=2)
+
+
 def test_a_basis_is_named_by_its_content_and_the_fit_is_deterministic():
     rows = _residual_stream(seed=1).reshape(-1, 128)
     a, b = Basis.fit(rows, 8), Basis.fit(rows.copy(), 8)

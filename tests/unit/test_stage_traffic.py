@@ -64,6 +64,8 @@ def test_row_bytes_of_each_encoding_family():
     assert row_bytes("basis_r128_gs64", 576) == (132, 68)
     assert row_bytes("basis_r96_g8", 576) == (100, 580)  # int8 gradient rows
     assert row_bytes("subspace_r128", 64) == (68, 68)  # a rank over the width is the width
+    assert row_bytes("basis_r128_gs64_b4", 576) == (132, 36)  # 4-bit gradient codes
+    assert row_bytes("basis_r32_b4", 64) == (20, 20)  # 4-bit codes both ways
 
 
 def test_the_mean_prompt_length_falls_back_without_prompts():
