@@ -4,7 +4,8 @@ Columns: the seeds run, replica-update bytes per trained sample, the reduction a
 the other wire bytes per sample (activations, tokens, control), the final held-out accuracy
 (mean over seeds) with its gap to dense fp32 at the last eval and averaged over the evals,
 versions per minute on loopback and over the ``--wan`` profile, and whether the row meets
-the issue's target. It knows the row fields ``comm.run`` writes and nothing else.
+the issue's target; under a row that changes the activation encoding, its other wire bytes and
+accuracy against the ``act_fp32`` row. It knows the row fields ``comm.run`` writes and nothing else.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def print_table(result: dict[str, Any], out: TextIO) -> None:
         if wan:
             line += f" {_fmt((r.get('wan') or {}).get('versions_per_min'), '.1f'):>16}"
         print(line + ("  met" if r.get("meets_target") else "  -"), file=out)
+        if r.get("other_wire_reduction_vs_act_fp32") is not None:
+            reduction = r["other_wire_reduction_vs_act_fp32"]
+            print(f"{'':<28} activations: {reduction:.3g}x fewer other bytes than act_fp32, "
+                  f"gap {_fmt(r.get('accuracy_gap_points_vs_act_fp32'), '+.1f')} / mean "
+                  f"{_fmt(r.get('accuracy_gap_points_vs_act_fp32_mean'), '+.1f')} (16x within 5 points: "
+                  f"{'met' if r.get('meets_activation_target') else 'not met'})", file=out)
     if result.get("weight_deltas"):
         from engine.bench.weight_stream import format_table
 

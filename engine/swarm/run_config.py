@@ -124,10 +124,6 @@ class ReplicaSyncSettings:
       topk_fraction: share of a tensor's entries sent per sync with "topk" (1.0: every
         entry, no index section: dense ``value_bits`` quantisation with error feedback).
       value_bits: bits per sent value with "topk" (8, 4 or 2; scales per 4096 values).
-      value_scale: how "topk" picks each block's scale at 4 or 2 bits: "mse" (the scale,
-        of the absmax one and smaller ones, with the least squared error; the clipped rest
-        waits in the error feedback) or "absmax" (the largest value on the outermost code).
-        The encoder's choice alone: receivers decode both alike.
       error_decay: the residual is multiplied by this before the next pseudo-gradient is
         added (SparseLoCo's beta; 1.0 keeps everything owed).
     """
@@ -139,7 +135,6 @@ class ReplicaSyncSettings:
     encoding: UpdateEncoding = "topk"
     topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
     value_bits: Literal[8, 4, 2] = 2
-    value_scale: Literal["mse", "absmax"] = "mse"
     error_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
 
     def synced_at(self, version: int) -> bool:

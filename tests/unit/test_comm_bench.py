@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.bench.comm import DENSE, INT8, SCHEMES, Scheme, compare, mean_curve, scheme_row
+from engine.bench.comm import ACT_FP32, DENSE, INT8, SCHEMES, Scheme, compare, mean_curve, scheme_row
 from engine.bench.swarm import versions_per_min
 from engine.swarm.run_config import RunConfig, apply_overrides
 
@@ -38,6 +38,24 @@ def test_a_scheme_whose_last_eval_is_close_but_whose_curve_lags_does_not_meet_th
     late = rows[-1]
     assert round(late["accuracy_gap_points_vs_dense"], 6) == -2.0
     assert round(late["accuracy_gap_points_vs_dense_mean"], 6) == -16.0 and not late["meets_target"]
+
+
+def test_activation_rows_are_measured_against_fp32_activations_not_against_the_update_references():
+    def act(name: str, other: float, accuracies: list[float]) -> dict:
+        encoding = name.removeprefix("act_")
+        return {**_row(name, 2000.0, accuracies), "settings": [f"activation_encoding={encoding}"],
+                "other_wire_bytes_per_sample": other}
+
+    rows = [_row(DENSE, 7000.0, [0.1, 0.5, 0.8]), _row(INT8, 1800.0, [0.1, 0.5, 0.8]),
+            act(ACT_FP32, 8000.0, [0.1, 0.4, 0.6]), act("act_small", 400.0, [0.1, 0.37, 0.58]),
+            act("act_lossy", 400.0, [0.1, 0.2, 0.5]), act("act_big", 1000.0, [0.1, 0.4, 0.6])]
+    compare(rows)
+    by = {r["scheme"]: r for r in rows}
+    assert by["act_small"]["other_wire_reduction_vs_act_fp32"] == 20.0
+    assert round(by["act_small"]["accuracy_gap_points_vs_act_fp32"], 6) == -2.0  # not -22 against dense
+    assert by["act_small"]["meets_activation_target"]
+    assert not by["act_lossy"]["meets_activation_target"] and not by["act_big"]["meets_activation_target"]
+    assert "other_wire_reduction_vs_act_fp32" not in by[ACT_FP32] and "meets_activation_target" not in by[INT8]
 
 
 def test_the_mean_curve_over_seeds_keeps_only_versions_every_run_evaluated_and_their_spread():
