@@ -50,7 +50,8 @@ class OuterSync:
         if unknown:
             raise ValueError(f"outer momentum for tensors the stage does not hold: {unknown[:3]}")
         self.compressor = ReplicaCompressor(settings.encoding, settings.topk_fraction,
-                                            value_bits=settings.value_bits, error_decay=settings.error_decay)
+                                            value_bits=settings.value_bits, value_scale=settings.value_scale,
+                                            error_decay=settings.error_decay)
 
     def pseudo_gradient(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``anchor - weights`` per tensor (float32): the direction the inner steps moved against."""

@@ -46,13 +46,14 @@ class ReplicaCompressor:
 
     ``encoding``: ``"int8"`` (every entry, int8 with per-row scales), ``"topk"`` (the
     ``topk_fraction`` largest entries of gradient + residual, ``value_bits`` per value; with a
-    fraction of 1.0 every entry, without indices: a dense low-bit quantiser) or
-    ``"fp32"`` (dense, lossless, no residual). ``error_decay``: the residual's decay before
+    fraction of 1.0 every entry, without indices: a dense low-bit quantiser; ``value_scale``
+    picks its block scales, ``engine.net.codec_topk``) or ``"fp32"`` (dense, lossless, no
+    residual). ``error_decay``: the residual's decay before
     it is added to the next update (``engine.net.error_feedback``).
     """
 
     def __init__(self, encoding: str = "int8", topk_fraction: float = 0.02, *, value_bits: int = 8,
-                 error_decay: float = 1.0) -> None:
+                 value_scale: str = "absmax", error_decay: float = 1.0) -> None:
         if encoding not in UPDATE_ENCODINGS:
             raise ValueError(f"update encoding must be one of {UPDATE_ENCODINGS}, not {encoding!r}")
         if not 0.0 < topk_fraction <= 1.0:
@@ -61,7 +62,8 @@ class ReplicaCompressor:
         self.topk_fraction = topk_fraction
         self._feedback = {"int8": lambda: ErrorFeedback("int8_rowwise", decay=error_decay),
                           "topk": lambda: ErrorFeedback("topk", decay=error_decay, fraction=topk_fraction,
-                                                        value_bits=value_bits,  # every entry: no indices
+                                                        value_bits=value_bits, scale_rule=value_scale,
+                                                        # every entry: no indices
                                                         index_coding="all" if topk_fraction == 1.0
                                                         else "varint_delta"),
                           "fp32": lambda: None}[encoding]()

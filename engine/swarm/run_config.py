@@ -123,7 +123,11 @@ class ReplicaSyncSettings:
         gaps), "int8" (every entry, per-row scales) or "fp32" (lossless).
       topk_fraction: share of a tensor's entries sent per sync with "topk" (1.0: every
         entry, no index section: dense ``value_bits`` quantisation with error feedback).
-      value_bits: bits per sent value with "topk" (8, 4 or 2; scales per 4096 values).
+      value_bits: bits per sent value with "topk" (8, 4, 2 or 1; scales per 4096 values).
+      value_scale: how "topk" picks each block's scale: "absmax" (the largest value on the
+        outermost code, nothing clipped) or "mse" (of that scale and smaller ones, the one
+        with the least squared error; what is clipped waits in the error feedback). The
+        sender's choice alone: receivers decode both alike.
       error_decay: the residual is multiplied by this before the next pseudo-gradient is
         added (SparseLoCo's beta; 1.0 keeps everything owed).
     """
@@ -134,7 +138,8 @@ class ReplicaSyncSettings:
     outer_momentum: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
     encoding: UpdateEncoding = "topk"
     topk_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.02
-    value_bits: Literal[8, 4, 2] = 2
+    value_bits: Literal[8, 4, 2, 1] = 2
+    value_scale: Literal["absmax", "mse"] = "absmax"
     error_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
 
     def synced_at(self, version: int) -> bool:

@@ -13,7 +13,9 @@ def _decode(encoded):
     return decode_tensor(encoded.header, encoded.payload)
 
 
-@pytest.mark.parametrize("params", [{"fraction": 0.01}, {"fraction": 0.05, "value_bits": 2, "block": 32}])
+@pytest.mark.parametrize("params", [{"fraction": 0.01}, {"fraction": 0.05, "value_bits": 2, "block": 32},
+                                    {"fraction": 1.0, "value_bits": 2, "index_coding": "all", "scale_rule": "mse"},
+                                    {"fraction": 1.0, "value_bits": 1, "index_coding": "all", "scale_rule": "mse"}])
 def test_error_feedback_transmits_the_sum_of_inputs_minus_the_final_residual(params):
     rng = np.random.default_rng(0)
     feedback = ErrorFeedback("topk", **params)

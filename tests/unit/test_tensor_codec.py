@@ -121,6 +121,38 @@ def test_topk_quantisation_error_is_within_half_a_step_of_each_block(bits, codin
     assert np.count_nonzero(y[np.setdiff1d(np.arange(5000), idx)]) == 0
 
 
+@pytest.mark.parametrize("bits", [4, 2, 1])
+def test_topk_mse_scales_cut_low_bit_error_on_heavy_tailed_values_and_decode_as_absmax_ones(bits):
+    g = np.random.default_rng(3).standard_t(3, 20_000).astype(np.float32)  # a few large values per block
+    errors = {}
+    for rule in ("absmax", "mse"):
+        encoded, y = _roundtrip(g, "topk", k=20_000, value_bits=bits, index_coding="all", scale_rule=rule)
+        assert "scale_rule" not in encoded.header["params"]  # nothing new on the wire
+        assert len(encoded.payload) == 20_000 * bits // 8 + 4 * 5  # codes and a scale per 4096
+        errors[rule] = float(np.square(g - y).sum() / np.square(g).sum())
+    assert errors["mse"] < errors["absmax"] / 4
+    assert errors["mse"] < {4: 0.2, 2: 0.45, 1: 0.7}[bits]
+
+
+def test_topk_one_bit_values_are_signs_times_half_the_block_scale():
+    x = np.array([-3.0, -0.5, 0.0, 0.25, 2.0, 1.0, -1.0, 4.0], np.float32)
+    _, y = _roundtrip(x, "topk", k=8, value_bits=1, index_coding="all", block=8)
+    np.testing.assert_array_equal(y, np.where(x >= 0, 4.0, -4.0))  # absmax: the largest magnitude
+    _, y = _roundtrip(x, "topk", k=8, value_bits=1, index_coding="all", block=8, scale_rule="mse")
+    assert np.all(np.sign(y[x != 0]) == np.sign(x[x != 0])) and 1.0 < float(np.abs(y).max()) < 2.5
+
+
+def test_topk_mse_scale_keeps_absmax_where_nothing_smaller_is_better():
+    x = np.array([-1.5, -0.5, 0.5, 1.5] * 16, np.float32)  # exactly the four 2-bit levels at scale 1
+    _, y = _roundtrip(x, "topk", k=64, value_bits=2, index_coding="all", block=64, scale_rule="mse")
+    np.testing.assert_array_equal(x, y)
+
+
+def test_topk_refuses_an_unknown_scale_rule():
+    with pytest.raises(ValueError, match="scale_rule"):
+        _roundtrip(np.ones(8, np.float32), "topk", k=8, scale_rule="rms")
+
+
 def test_topk_with_k_zero_and_k_all_round_trips():
     x = np.arange(-5, 5, dtype=np.float32)
     assert not _roundtrip(x, "topk", k=0)[1].any()
