@@ -188,14 +188,16 @@ class RunConfig:
         every 64k rows) and sends once per link, plus the exact outliers: no per-tensor basis, so
         decoding steps pay ~k bytes a row; _gs<k> sends the gradients in each tensor's own rank-k
         basis instead (gradients share no fixed subspace), _gs<k>_b4 the same with 4-bit basis and
-        coefficient codes, _g8 as int8 rows with exact outliers. Measured by ``polis bench act``
+        coefficient codes, _g8 as int8 rows with exact outliers; basis_r<k>_b4 sends both ways
+        as 4-bit coefficient codes. Measured by ``polis bench act``
         (SmolLM2, 100 items): basis_r128_gs64 18.4x fewer bytes than fp32 over generation + a
         training pass, 0.690 strict against fp32's 0.720; trained 64 versions of the real-model
         recipe through it (``--real-learn-versions``) it learns as fp32 does at 14.6x (small RL
         micro-batches pay for each gradient tensor's basis); basis_r128_gs64_b4 halves that basis:
         16.9x, within 1.6-4.7 points of fp32 at every eval (one seed), while basis_r96 and
         basis_r96_gs64 (18-22x) lag 9-12 points; the tiny base's 64-wide boundary is not
-        low-rank (basis_r8 lost learning, basis_r32 is 7.4x).
+        low-rank (basis_r8 lost learning, basis_r32 is 7.4x; basis_r32_b4 sends 8.5x fewer
+        peer-link bytes than fp32 activations but ends 11 points behind, two seeds).
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
         entry, per-row scales: ~1/4 of fp32), "topk" (the update_topk_fraction largest
         entries, int8 values: a few % of fp32) or "fp32" (dense, lossless). Measured
