@@ -56,6 +56,12 @@ class Scheme:
     what: str  #: one line for the table
 
 
+def _dense_diloco(inner_steps: int, value_bits: int, *more: str) -> tuple[str, ...]:
+    """Settings of DiLoCo sending every entry of its pseudo-gradients at ``value_bits`` (no indices)."""
+    return ("replica_sync.mode=diloco", f"replica_sync.inner_steps={inner_steps}", "replica_sync.encoding=topk",
+            "replica_sync.topk_fraction=1.0", f"replica_sync.value_bits={value_bits}", *more)
+
+
 #: the rows, in order; the first two are the references the others are measured against
 SCHEMES: list[Scheme] = [
     Scheme("dense_fp32_every_step", ("update_encoding=fp32",), "fp32 gradients, every step"),
@@ -76,29 +82,17 @@ SCHEMES: list[Scheme] = [
                                        "replica_sync.encoding=topk", "replica_sync.topk_fraction=0.02",
                                        "replica_sync.value_bits=2"),
            "SparseLoCo: 8 inner steps, top 2 %, 2-bit values, error feedback"),
-    Scheme("diloco_h16_dense2bit", ("replica_sync.mode=diloco", "replica_sync.inner_steps=16",
-                                    "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                    "replica_sync.value_bits=2"),
+    Scheme("diloco_h16_dense2bit", _dense_diloco(16, 2),
            "DiLoCo: 16 inner steps, every entry at 2 bits, error feedback"),
-    Scheme("diloco_h16_2bit_mse", ("replica_sync.mode=diloco", "replica_sync.inner_steps=16",
-                                   "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                   "replica_sync.value_bits=2", "replica_sync.value_scale=mse"),
+    Scheme("diloco_h16_2bit_mse", _dense_diloco(16, 2, "replica_sync.value_scale=mse"),
            "DiLoCo: 16 inner steps, every entry at 2 bits with least-squared-error scales, error feedback"),
-    Scheme("diloco_h16_2bit_mse_lr", ("replica_sync.mode=diloco", "replica_sync.inner_steps=16",
-                                      "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                      "replica_sync.value_bits=2", "replica_sync.value_scale=mse", "lr=4.24e-4"),
+    Scheme("diloco_h16_2bit_mse_lr", _dense_diloco(16, 2, "replica_sync.value_scale=mse", "lr=4.24e-4"),
            "the same with the inner AdamW's rate x sqrt(2) (a half-batch's noisier gradient shrinks its step)"),
-    Scheme("diloco_h8_1bit_mse_lr", ("replica_sync.mode=diloco", "replica_sync.inner_steps=8",
-                                     "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                     "replica_sync.value_bits=1", "replica_sync.value_scale=mse", "lr=4.24e-4"),
+    Scheme("diloco_h8_1bit_mse_lr", _dense_diloco(8, 1, "replica_sync.value_scale=mse", "lr=4.24e-4"),
            "DiLoCo: 8 inner steps, every entry as a sign and a block scale, error feedback, inner rate x sqrt(2)"),
-    Scheme("diloco_h16_1bit_mse", ("replica_sync.mode=diloco", "replica_sync.inner_steps=16",
-                                   "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                   "replica_sync.value_bits=1", "replica_sync.value_scale=mse"),
+    Scheme("diloco_h16_1bit_mse", _dense_diloco(16, 1, "replica_sync.value_scale=mse"),
            "DiLoCo: 16 inner steps, every entry as a sign and a block scale, error feedback"),
-    Scheme("diloco_h32_1bit_mse", ("replica_sync.mode=diloco", "replica_sync.inner_steps=32",
-                                   "replica_sync.encoding=topk", "replica_sync.topk_fraction=1.0",
-                                   "replica_sync.value_bits=1", "replica_sync.value_scale=mse"),
+    Scheme("diloco_h32_1bit_mse", _dense_diloco(32, 1, "replica_sync.value_scale=mse"),
            "DiLoCo: 32 inner steps, every entry as a sign and a block scale, error feedback"),
     Scheme("diloco_h64_int8", ("replica_sync.mode=diloco", "replica_sync.inner_steps=64",
                                "replica_sync.encoding=int8"),
