@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from engine.model.config import ModelConfig
-from engine.swarm.run_config import RunConfig
+from engine.swarm.run_config import ReplicaSyncSettings, RunConfig
 
 #: bytes of one sampled token going back to stage 0 (its id and behaviour log-prob)
 TOKEN_BYTES = 8
@@ -61,6 +61,15 @@ def row_bytes(encoding: str, hidden_size: int) -> tuple[float, float]:
         if len(parts) == 3:
             rank /= 2
     return rank + 4.0, grad + 4.0
+
+
+def _diloco_bytes_per_parameter(sync: ReplicaSyncSettings) -> float:
+    """Bytes per trainable parameter of one DiLoCo sync (top-k: values, and varint index gaps of
+    a byte, two below 1/128 of the entries; every entry: values only)."""
+    if sync.encoding != "topk":
+        return _UPDATE_BYTES[sync.encoding]
+    index = 0.0 if sync.topk_fraction == 1.0 else (1.0 if sync.topk_fraction >= 1 / 128 else 2.0)
+    return sync.topk_fraction * (sync.value_bits / 8 + index)
 
 
 def trainable_parameters(model: ModelConfig, run: RunConfig, stage: int, layers: Sequence[int]) -> int:
@@ -127,7 +136,7 @@ def stage_traffic(run: RunConfig, model: ModelConfig, stage_layers: Sequence[int
     back = grad * rows * seq
     sync = run.replica_sync
     if sync.mode == "diloco":
-        per_param = sync.topk_fraction * (sync.value_bits / 8 + 4) / sync.inner_steps
+        per_param = _diloco_bytes_per_parameter(sync) / sync.inner_steps
     elif run.update_encoding == "topk":
         per_param = run.update_topk_fraction * (1 + 4)
     else:

@@ -49,6 +49,15 @@ def test_replica_updates_follow_the_update_encoding_and_diloco_sends_every_h_ste
     params = trainable_parameters(TINY, RunConfig(), 0, [1, 1])
     assert int8 == pytest.approx(params)
 
+    def sync(**settings) -> float:
+        run = RunConfig(replica_sync=ReplicaSyncSettings(mode="diloco", **settings))
+        return stage_traffic(run, TINY, [1, 1], prompt_tokens=10).replica_update[0]
+
+    # every entry at 2 bits, no index section; int8 every entry; top 2 % with one-byte varint gaps
+    assert sync(inner_steps=16, topk_fraction=1.0, value_bits=2) == pytest.approx(params * 0.25 / 16)
+    assert sync(inner_steps=8, encoding="int8") == pytest.approx(params / 8)
+    assert sync(inner_steps=8, topk_fraction=0.02, value_bits=2) == pytest.approx(params * 0.02 * 1.25 / 8)
+
 
 def test_lora_stages_exchange_only_their_adapters():
     run = RunConfig(lora=LoraSettings(enabled=True, rank=4, target_modules=["q_proj", "v_proj"]))
