@@ -188,7 +188,8 @@ def _gaps(row: dict[str, Any], reference: dict[str, Any]) -> tuple[float | None,
 
 
 def _within(gaps: tuple[float | None, float | None], points: float = 5.0) -> bool:
-    return gaps[0] is not None and gaps[0] >= -points and gaps[1] >= -points
+    last, mean = gaps
+    return last is not None and mean is not None and last >= -points and mean >= -points
 
 
 def compare(rows: list[dict[str, Any]]) -> None:
