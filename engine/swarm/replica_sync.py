@@ -48,8 +48,8 @@ class ReplicaCompressor:
     ``topk_fraction`` largest entries of gradient + residual, ``value_bits`` per value; with a
     fraction of 1.0 every entry, without indices: a dense low-bit quantiser; ``value_scale``
     picks its block scales, ``engine.net.codec_topk``) or ``"fp32"`` (dense, lossless, no
-    residual). ``error_decay``: the residual's decay before
-    it is added to the next update (``engine.net.error_feedback``).
+    residual). ``error_decay``: the residual's decay before it is added to the next update
+    (``engine.net.error_feedback``).
     """
 
     def __init__(self, encoding: str = "int8", topk_fraction: float = 0.02, *, value_bits: int = 8,

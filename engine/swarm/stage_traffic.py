@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from engine.model.config import ModelConfig
+from engine.swarm.pipeline_hops import scheme_of
 from engine.swarm.run_config import ReplicaSyncSettings, RunConfig
 
 #: bytes of one sampled token going back to stage 0 (its id and behaviour log-prob)
@@ -50,17 +51,16 @@ def row_bytes(encoding: str, hidden_size: int) -> tuple[float, float]:
         per_unit, per_row = _PLAIN[encoding]
         size = per_unit * hidden_size + per_row
         return size, size
-    # subspace_r<k> / basis_r<k>[_gs<j>[_b4] | _g8 | _b4]: about k coefficient bytes and a scale a row
-    parts = encoding.split("_")
-    rank = float(min(int(parts[1][1:]), hidden_size))
-    grad = rank
-    if len(parts) > 2 and parts[2] != "b4":
-        grad = hidden_size if parts[2] == "g8" else min(int(parts[2][2:]), hidden_size)
-    if parts[-1] == "b4":  # 4-bit gradient codes (and, in basis_r<k>_b4, activation codes too)
-        grad /= 2
-        if len(parts) == 3:
-            rank /= 2
-    return rank + 4.0, grad + 4.0
+    # subspace / basis schemes: about rank x code bits / 8 coefficient bytes and a scale a row;
+    # a rank of 0 (int8 rows with exact outliers) is the whole width at a byte
+    scheme = scheme_of(encoding)
+    return (_coefficient_row_bytes(scheme.params, hidden_size),
+            _coefficient_row_bytes(scheme.grad_params, hidden_size))
+
+
+def _coefficient_row_bytes(params: dict, hidden_size: int) -> float:
+    rank = min(int(params.get("rank", 0)), hidden_size) or hidden_size
+    return rank * int(params.get("code_bits", 8)) / 8 + 4.0
 
 
 def _diloco_bytes_per_parameter(sync: ReplicaSyncSettings) -> float:
