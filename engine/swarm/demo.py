@@ -70,16 +70,18 @@ REAL_MODEL_SETTINGS = (
     "lr=5e-05", "sampling.max_new_tokens=48", "microbatch_timeout_s=120",
     "sampling.temperature=0.7", "task.eval_size=64", "eval_every_versions=8", "checkpoint_every_versions=8",
 )
-#: how replicas of a real-model stage sync (with LoRA: the adapter): DiLoCo, 16 inner steps, every
-#: entry at 2 bits with error feedback (``polis bench comm`` scheme ``diloco_h16_dense2bit``). Measured
-#: with ``polis bench comm --model DIR --schemes diloco_h16_dense2bit --real-versions 64`` (2 replicas,
-#: seeds 0 and 1): 60x and 65x fewer update bytes per trained sample than int8 every step, strict
-#: held-out accuracy at v64 3.1 and 1.6 points under dense fp32 every step (1.6 and 0.8 over the
-#: curve). Not for full fine-tuning of a tied model (``refuse_diloco_split_tied``): left out then.
+#: how replicas of a real-model stage sync (with LoRA: the adapter): DiLoCo, 32 inner steps, every
+#: entry as a sign times a block scale chosen for least squared error, with error feedback (``polis
+#: bench comm`` scheme ``diloco_h32_1bit_mse``). Measured with ``polis bench comm --model DIR --schemes
+#: diloco_h32_1bit_mse --real-versions 64 --real-eval-every 32 --seeds S`` (2 replicas, seeds 0, 1, 2):
+#: 288-290x fewer update bytes per trained sample than int8 every step, strict held-out accuracy at v64
+#: 4.7, 3.1 points under and 1.6 over dense fp32 every step (4.7, 3.1 and 0.8 under over the curve);
+#: the 2-bit H=16 scheme it replaced sent 60-65x. Not for full fine-tuning of a tied model
+#: (``refuse_diloco_split_tied``): left out then.
 #: With one replica per stage (the demo's) nothing is exchanged and every version is voted as before
 REAL_MODEL_REPLICA_SYNC = (
-    "replica_sync.mode=diloco", "replica_sync.inner_steps=16", "replica_sync.encoding=topk",
-    "replica_sync.topk_fraction=1.0", "replica_sync.value_bits=2",
+    "replica_sync.mode=diloco", "replica_sync.inner_steps=32", "replica_sync.encoding=topk",
+    "replica_sync.topk_fraction=1.0", "replica_sync.value_bits=1", "replica_sync.value_scale=mse",
 )
 #: ``--env calculator``: questions a 135M model cannot do in its head (two or three terms of 3-4 digits,
 #: DESIGN §9), answered with a calculator tool over up to 4 turns; 64 new tokens a turn (a tool call

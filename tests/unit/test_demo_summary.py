@@ -62,8 +62,8 @@ def test_the_real_model_recipe_syncs_replicas_with_diloco_unless_the_user_turns_
     args = argparse.Namespace(model="smollm2-135m", task=None, set=[])
     run = apply_overrides(RunConfig(), real_model_settings(args))
     sync = run.replica_sync
-    assert (sync.mode, sync.inner_steps, sync.encoding, sync.topk_fraction, sync.value_bits) == \
-        ("diloco", 16, "topk", 1.0, 2) and run.lora.enabled
+    assert (sync.mode, sync.inner_steps, sync.encoding, sync.topk_fraction, sync.value_bits, sync.value_scale) == \
+        ("diloco", 32, "topk", 1.0, 1, "mse") and run.lora.enabled
     args.set = ["lora.enabled=false"]  # full fine-tuning of a tied model cannot run DiLoCo: every step then
     assert apply_overrides(RunConfig(), real_model_settings(args)).replica_sync.mode == "every_step"
     args.set = ["replica_sync.mode=every_step"]  # and the user's choice wins
