@@ -75,7 +75,7 @@ REAL_MODEL_SETTINGS = (
 #: bench comm`` scheme ``diloco_h32_1bit_mse``). Measured with ``polis bench comm --model DIR --schemes
 #: diloco_h32_1bit_mse --real-versions 64 --real-eval-every 32 --seeds S`` (2 replicas, seeds 0, 1, 2):
 #: 288-301x fewer update bytes per trained sample than int8 every step, strict held-out accuracy at v64
-#: 4.7, 3.1 points under and 1.6 over dense fp32 every step (4.7, 3.1 and 0.8 under over the curve);
+#: 4.7, 3.1 points under and 1.6 over dense fp32 every step (over the curve: 4.7, 3.1 and 0.8 under);
 #: the 2-bit H=16 scheme it replaced sent 60-72x. Not for full fine-tuning of a tied model
 #: (``refuse_diloco_split_tied``): left out then.
 #: With one replica per stage (the demo's) nothing is exchanged and every version is voted as before
