@@ -58,8 +58,8 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
 #: Activations cross the stage boundary as int8_outliers (int8 rows, the 0.1 % largest entries exact,
 #: both ways): 3.9x fewer bytes than fp32 (2x fewer than bf16). Trained 64 versions of this recipe
-#: through it (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 1 and 2) it
-#: was never more than 1.6 points behind fp32. basis_r128_gs64_b4 (rank-128 coefficients in a fixed basis,
+#: through it (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 0, 1 and 2)
+#: it was never more than 1.6 points behind fp32. basis_r128_gs64_b4 (rank-128 coefficients in a fixed basis,
 #: gradients in their own rank-64 basis at 4 bits) sends 17x fewer bytes than fp32 and ends within 5
 #: points at v64 on three seeds, but lags 5.5-5.9 points over the curve on two of them (seeds 1 and 2),
 #: so it misses the 5-point bar; it is one --set away where upload matters more. int8 with per-row
