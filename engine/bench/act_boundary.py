@@ -69,16 +69,21 @@ class EncodedBoundary:
         scheme_of(encoding)  # unknown names fail here, not on the first tensor
         self._inner = inner
         self.encoding = encoding
-        self.codec = codec or BoundaryCodec()  # plays both ends of the boundary: sender and receiver
+        self.codec = codec or BoundaryCodec()  # this stage's node: sends its tensors, receives its neighbours'
+        self.upstream: EncodedBoundary | None = None  # the neighbours' nodes (wrap_stages links them); alone,
+        self.downstream: EncodedBoundary | None = None  # this codec plays both ends of the boundary
         self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def _cross(self, kind: str, exact: np.ndarray) -> np.ndarray:
-        peer = "downstream" if kind == "act" else "upstream"
-        header, payload = self.codec.encode(kind, exact, self.encoding, peer, self._inner.spec.stage_index)
-        decoded = self.codec.decode(header, payload, exact.shape[-1], sender=f"{self._inner.spec.stage_index}-{kind}")
+        index = self._inner.spec.stage_index
+        neighbour = self.downstream if kind == "act" else self.upstream
+        peer = f"stage{index + 1}" if kind == "act" else f"stage{index - 1}"
+        header, payload = self.codec.encode(kind, exact, self.encoding, peer, index)
+        receiver = self.codec if neighbour is None else neighbour.codec
+        decoded = receiver.decode(header, payload, exact.shape[-1], sender=f"stage{index}")
         self.codec.sent(peer, header)
         self.meters[kind].add(exact, decoded, header, payload)
         return decoded
@@ -102,7 +107,10 @@ class EncodedBoundary:
 
 def wrap_stages(stages: list[StageBackend], encoding: str) -> list[EncodedBoundary]:
     """Every stage of a chain wrapped (the last one's logits and the first one's token ids stay exact)."""
-    return [EncodedBoundary(stage, encoding) for stage in stages]
+    chain = [EncodedBoundary(stage, encoding) for stage in stages]
+    for upstream, downstream in zip(chain, chain[1:]):  # one node per stage: each decodes what its neighbour sends
+        upstream.downstream, downstream.upstream = downstream, upstream
+    return chain
 
 
 def totals(stages: list[EncodedBoundary], kind: str) -> dict[str, Any]:

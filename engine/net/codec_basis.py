@@ -15,6 +15,13 @@ sent *once per link* (``inline``); every later tensor names it and carries only
   varint gaps (``codec_topk``'s writing).
 
 Rank 128 of 576 then costs ~135 bytes a row (17x fewer than float32), rank 64 ~70 (33x).
+
+An *uncentred* tensor (``params["centred"]`` false) is a gradient going back through such a
+boundary: its rows are the coefficients ``row @ pinv(basis)`` with no mean, in the basis of
+the activations they are the gradient of, which the *receiver* fitted and sent (so it never
+travels inline). ``coefficients @ vectors`` is then the exact gradient of the projection the
+activations went through (``pinv(V) @ V`` is symmetric), not an approximation of the
+gradient the uncut activations would have had.
 Payload, in order (little-endian)::
 
     [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
@@ -22,7 +29,7 @@ Payload, in order (little-endian)::
     [outlier positions: varint gaps, index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
 
-    value = mean + coefficients @ vectors, then value[position] = outlier
+    value = mean + coefficients @ vectors, then value[position] = outlier   (uncentred: no mean)
 
 The receiver checks an inline basis against its id (sha-256 of its shape and bytes), so a
 sender cannot make one id mean two bases, and stores it in a :class:`BasisBook` (bounded,
@@ -184,6 +191,10 @@ class BasisBook:
         while len(self._bases) > self.capacity:
             self._bases.popitem(last=False)
 
+    def latest(self) -> Basis | None:
+        """The basis added or named most recently (None when the book is empty)."""
+        return next(reversed(self._bases.values()), None)
+
     def get(self, basis_id: bytes) -> Basis | None:
         basis = self._bases.get(basis_id)
         if basis is not None:
@@ -203,6 +214,7 @@ class BasisParams(WireRecord, frozen=True):
     outliers: Annotated[int, Meta(ge=0, le=1 << 40)]  # entries sent exactly (<= the tensor's elements)
     index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of the outliers' positions
     bits: Literal[8, 4] = 8  # bits per coefficient code (sent only when 4)
+    centred: bool = True  # false: coefficients of rows with no mean, in the receiver's own basis (sent only then)
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
@@ -214,11 +226,15 @@ def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_sc
 
 
 def encode(array: np.ndarray, basis: Basis, inline: bool = False,
-           outlier_fraction: float = DEFAULT_OUTLIER_FRACTION, code_bits: int = 8) -> tuple[dict[str, Any], bytes]:
+           outlier_fraction: float = DEFAULT_OUTLIER_FRACTION, code_bits: int = 8,
+           centred: bool = True) -> tuple[dict[str, Any], bytes]:
     """Encode a float32 array whose last dim is ``basis.cols`` (ValueError for a sender mistake);
-    ``code_bits``: 8 or 4 bits per coefficient code."""
+    ``code_bits``: 8 or 4 bits per coefficient code; ``centred`` false: rows with no mean, in a
+    basis the receiver holds as its own (never inline)."""
     if not isinstance(basis, Basis):
         raise ValueError("the basis encoding needs a Basis")
+    if not centred and inline:
+        raise ValueError("an uncentred tensor is in the receiver's own basis: it cannot carry one inline")
     if code_bits not in codec_int8.CODE_BITS:
         raise ValueError(f"code_bits must be one of {codec_int8.CODE_BITS}, got {code_bits!r}")
     if not np.isfinite(array).all():
@@ -230,17 +246,18 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
         raise ValueError(f"rows of {cols} values do not fit a basis of {basis.cols} columns")
     matrix = array.reshape(rows, cols).astype(np.float32, copy=False)
     n_out = min(array.size, math.ceil(outlier_fraction * array.size)) if outlier_fraction > 0 and rows else 0
-    coef = (matrix - basis.mean) @ basis.pinv()
+    mean = basis.mean if centred else np.zeros_like(basis.mean)
+    coef = (matrix - mean) @ basis.pinv()
     if n_out:  # the massive entries travel exactly: fit the rows without them
-        big = np.argpartition(np.abs(matrix - basis.mean).reshape(-1), matrix.size - n_out)[matrix.size - n_out:]
+        big = np.argpartition(np.abs(matrix - mean).reshape(-1), matrix.size - n_out)[matrix.size - n_out:]
         touched = np.unique(big // cols)
         sub = matrix[touched].copy()  # only rows holding such an entry are refitted
         local = np.searchsorted(touched, big // cols) * cols + big % cols
-        sub.reshape(-1)[local] = basis.mean[big % cols]
+        sub.reshape(-1)[local] = mean[big % cols]
         for _ in range(FILL_ROUNDS):  # converges to the least-squares fit of the other entries
-            fit = (sub - basis.mean) @ basis.pinv()
-            sub.reshape(-1)[local] = (fit @ basis.vectors + basis.mean).reshape(-1)[local]
-        coef[touched] = (sub - basis.mean) @ basis.pinv()
+            fit = (sub - mean) @ basis.pinv()
+            sub.reshape(-1)[local] = (fit @ basis.vectors + mean).reshape(-1)[local]
+        coef[touched] = (sub - mean) @ basis.pinv()
     coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32), bits=code_bits)
     coef_q = codec_int8.decode((rows, basis.rank), rows * basis.rank, coef_params,
                                PayloadReader(memoryview(coef_payload)), code_bits).reshape(rows, basis.rank)
@@ -248,13 +265,14 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     parts.append(coef_payload)
     index_section = b""
     if n_out:  # the entries the decoded rows miss most
-        miss = np.abs(matrix - (coef_q @ basis.vectors + basis.mean)).reshape(-1)
+        miss = np.abs(matrix - (coef_q @ basis.vectors + mean)).reshape(-1)
         positions = np.sort(np.argpartition(miss, miss.size - n_out)[miss.size - n_out:]).astype(np.int64)
         index_section, values = codec_outliers.pack(matrix.reshape(-1), positions)
         parts += [index_section, values]
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
               "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
-              "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 else {})}
+              "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 else {}),
+              **({} if centred else {"centred": False})}
     return params, b"".join(parts)
 
 
@@ -273,6 +291,8 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
                                        coef_col_scaled=typed.col_scaled, outliers=n_out,
                                        outlier_index_bytes=index_bytes, bits=typed.bits))
+    if typed.inline and not typed.centred:
+        raise WireFormatError("an uncentred basis tensor names the receiver's own basis; it cannot carry one inline")
     if typed.inline:
         basis = read_basis(reader, typed.rank, cols)
         if basis.basis_id != typed.id:
@@ -281,13 +301,16 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     else:
         found = book.get(typed.id)
         if found is None:
-            raise WireFormatError(f"basis {typed.id.hex()} was never received from this sender")
+            raise WireFormatError(f"basis {typed.id.hex()} was never received from this sender" if typed.centred
+                                  else f"basis {typed.id.hex()} of an uncentred tensor is not one this node sent")
         basis = found
     if basis.rank != typed.rank or basis.cols != cols:
         raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
                               f"{typed.rank} x {cols}")
     coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients", typed.bits)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
-        out = coef.reshape(rows, typed.rank) @ basis.vectors + basis.mean
+        out = coef.reshape(rows, typed.rank) @ basis.vectors
+        if typed.centred:
+            out += basis.mean
     codec_outliers.apply(reader, out, n_out, index_bytes)
     return out.reshape(-1).astype(np.float32, copy=False)

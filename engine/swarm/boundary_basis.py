@@ -18,8 +18,13 @@ basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
 * per sender, the :class:`~engine.net.codec_basis.BasisBook` of bases received (bounded;
   a tensor naming a basis never received is a WireFormatError against its sender).
 
+A *projected* gradient scheme (``{"projected": True}`` in the gradients' params) sends the
+gradients back as coefficients in the basis the receiver's activations last came in
+(uncentred, ``codec_basis``): the receiving node decodes them in the bases it fitted itself
+(its own book); until the upstream peer has sent a basis, gradients go with the fallback.
+
 Encoding runs on the compute thread, ``sent``/``forget_peer``/decoding on the event loop:
-what both touch is under a lock. What it does not know: jobs, links, which scheme is good.
+what both touch (the books included) is under a lock. What it does not know: jobs, links, which scheme is good.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class BoundaryCodec:
         self._fitters: dict[tuple[int, str, str], BasisFitter] = {}
         self._held: dict[str, set[bytes]] = {}  # peer -> ids of our bases it holds
         self._books: OrderedDict[str, BasisBook] = OrderedDict()
+        self._own = BasisBook()  # the bases this node fitted: what projected gradients come back in
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ sending (compute thread)
@@ -101,13 +107,29 @@ class BoundaryCodec:
         wire, params = (scheme.encoding, scheme.params) if kind == "act" else (scheme.grad_encoding, scheme.grad_params)
         if wire != "basis":
             return encode_with(x, wire, params)
+        if params.get("projected"):
+            return self._encode_projected(x, peer, params)
         basis = self._fitter(stage_index, kind, encoding, params).observe(x)
         if basis is None:
             return encode_with(x, *_FALLBACK)
         with self._lock:
+            self._own.add(basis)
             inline = basis.basis_id not in self._held.get(peer, ())
         extra = {k: v for k, v in params.items() if k in ("outlier_fraction", "code_bits")}
         return encode_with(x, "basis", {"basis": basis, "inline": inline, **extra})
+
+    def _encode_projected(self, grad: np.ndarray, peer: str, params: dict[str, Any]) -> tuple[dict, bytes]:
+        """Gradients for ``peer`` as coefficients in the basis its activations last came in (the
+        exact gradient of that projection; the fallback while ``peer`` has sent none, or one of
+        another width)."""
+        with self._lock:
+            book = self._books.get(peer)
+            basis = None if book is None else book.latest()
+        if basis is None or basis.cols != grad.shape[-1]:
+            return encode_with(grad, *_FALLBACK)
+        extra = {k: v for k, v in params.items() if k == "code_bits"}
+        return encode_with(grad, "basis", {"basis": basis, "inline": False, "centred": False,
+                                           "outlier_fraction": 0.0, **extra})
 
     def forward_encoded(self, forward: Callable[[str, np.ndarray], np.ndarray], key: str, x: np.ndarray,
                         encoding: str, peer: str, stage_index: int = 0) -> tuple[dict, bytes]:
@@ -138,10 +160,15 @@ class BoundaryCodec:
     # ------------------------------------------------------------------ receiving (event loop)
     def decode(self, header: dict, payload: bytes, hidden_size: int, sender: str) -> np.ndarray:
         """A ``[rows, tokens, hidden]`` tensor from ``sender`` (ProtocolViolation/WireFormatError on bad input)."""
-        book = self._books.get(sender)
-        if book is None:
-            book = self._books[sender] = BasisBook()
-            while len(self._books) > MAX_SENDER_BOOKS:
-                self._books.popitem(last=False)
-        self._books.move_to_end(sender)
-        return decode_activation(header, payload, hidden_size, bases=book)
+        params = header.get("params")
+        own = header.get("encoding") == "basis" and isinstance(params, dict) and params.get("centred") is False
+        with self._lock:  # the compute thread reads the books (projected gradients) and our own bases
+            if own:  # a projected gradient: in a basis we fitted and sent
+                return decode_activation(header, payload, hidden_size, bases=self._own)
+            book = self._books.get(sender)
+            if book is None:
+                book = self._books[sender] = BasisBook()
+                while len(self._books) > MAX_SENDER_BOOKS:
+                    self._books.popitem(last=False)
+            self._books.move_to_end(sender)
+            return decode_activation(header, payload, hidden_size, bases=book)

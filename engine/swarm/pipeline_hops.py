@@ -11,7 +11,8 @@
   outliers exact (``subspace`` at rank 0 with a residual); ``basis_r<k>`` sends rank-k
   coefficients in a basis fitted once per stage and sent once per link; a ``_b4`` suffix
   sends the gradients' basis and coefficients with 4-bit codes (``basis_r<k>_b4``: the
-  coefficients both ways);
+  coefficients both ways); ``_gp`` sends the gradients as coefficients in the activations'
+  own basis, which the receiver of the gradients fitted (``boundary_basis``);
 * rows of token ids / floats / flags from the coordinator, which must be rectangular;
 * the route check: an ``act``/``drop``/``grad`` must be addressed to our hop of a
   route as long as the pipeline, and come from the neighbour the route names.
@@ -81,6 +82,11 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
        for k in (16, 24, 32)},
     # the same forward; gradients as int8 rows with exact outliers
     **{f"basis_r{k}_g8": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": 0}) for k in (96, 128)},
+    # the same forward; gradients as coefficients in the activations' own basis (8 or 4 bits): the exact
+    # gradient of the rank-k cut the activations went through, at ~k bytes a row and no basis per tensor
+    **{f"basis_r{k}_gp": BoundaryScheme("basis", "basis", {"rank": k}, {"projected": True}) for k in (128,)},
+    **{f"basis_r{k}_gp_b4": BoundaryScheme("basis", "basis", {"rank": k}, {"projected": True, "code_bits": 4})
+       for k in (128,)},
 }
 
 

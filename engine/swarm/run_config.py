@@ -39,7 +39,8 @@ ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outli
                              "basis_r8", "basis_r16", "basis_r32", "basis_r48", "basis_r64", "basis_r96", "basis_r128",
                              "basis_r8_gs8", "basis_r64_gs64", "basis_r96_gs64", "basis_r96_gs96", "basis_r128_gs64",
                              "basis_r128_gs128", "basis_r96_gs64_b4", "basis_r128_gs64_b4", "basis_r128_gs96_b4",
-                             "basis_r96_g8", "basis_r128_g8", "basis_r16_b4", "basis_r24_b4", "basis_r32_b4"]
+                             "basis_r96_g8", "basis_r128_g8", "basis_r128_gp", "basis_r128_gp_b4", "basis_r16_b4",
+                             "basis_r24_b4", "basis_r32_b4"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]
@@ -188,7 +189,8 @@ class RunConfig:
         every 64k rows) and sends once per link, plus the exact outliers: no per-tensor basis, so
         decoding steps pay ~k bytes a row; _gs<k> sends the gradients in each tensor's own rank-k
         basis instead (gradients share no fixed subspace), _gs<k>_b4 the same with 4-bit basis and
-        coefficient codes, _g8 as int8 rows with exact outliers; basis_r<k>_b4 sends both ways
+        coefficient codes, _g8 as int8 rows with exact outliers, _gp as coefficients in the
+        activations' own basis (the exact gradient of the rank-k cut); basis_r<k>_b4 sends both ways
         as 4-bit coefficient codes. Measured by ``polis bench act``
         (SmolLM2, 100 items): basis_r128_gs64 18.4x fewer bytes than fp32 over generation + a
         training pass, 0.690 strict against fp32's 0.720; trained 64 versions of the real-model

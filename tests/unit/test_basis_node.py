@@ -56,3 +56,43 @@ def test_nodes_send_the_basis_once_then_coefficients_and_strike_a_sender_naming_
         assert "never received" in wire.strikes[(P1, P2)][0]
 
     _run(scenario, nodes)
+
+
+def test_a_projected_gradient_scheme_trains_through_two_nodes_in_the_first_stages_own_basis():
+    wire = MemoryWire()
+    nodes = []
+
+    async def scenario():
+        first, last = _node(P0, wire), _node(P1, wire)
+        nodes.extend([first, last])
+        first.ctx.boundary = BoundaryCodec(calibration_rows=4)  # the generation job calibrates
+        grads = []
+        real_encode = last.ctx.boundary.encode
+
+        def spy(*args, **kwargs):
+            header, payload = real_encode(*args, **kwargs)
+            if args[0] == "grad":
+                grads.append(header)
+            return header, payload
+        last.ctx.boundary.encode = spy
+        for node in nodes:
+            await node.start_compute()
+            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
+        for stage, node in enumerate(nodes):
+            _send(node, dict(_welcome(stage), run=RunConfig(activation_encoding="basis_r128_gp").to_dict()))
+        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        route = [P0, P1]
+        _send(first, {"type": "gen", "job": "g1", "route": route, "prompt_ids": [[1, 5, 6], [1, 7, 8]],
+                      "params": PARAMS})
+        await _until("gen done", lambda: _sent(last, messages.GenDone))
+        _send(first, {"type": "train_in", "step": 0, "mb": 0, "route": route, "inputs": [[1, 5, 6, 9], [1, 7, 8, 10]]})
+        _send(last, {"type": "train_out", "step": 0, "mb": 0, "route": route, "targets": [[5, 6, 9, 2], [7, 8, 10, 2]],
+                     "mask": [[False, True, True, True]] * 2, "behaviour": [[-1.0] * 4] * 2,
+                     "advantages": [1.0, -1.0], "normaliser": 6.0})
+        await _until("mb_done", lambda: _sent(first, messages.MbDone))
+        own = first.ctx.boundary._own.latest()
+        assert own is not None and [(g["encoding"], g["params"]["id"], g["params"]["centred"]) for g in grads] == \
+            [("basis", own.basis_id, False)]
+        assert not wire.strikes[(P0, P1)] and not wire.strikes[(P1, P0)]
+
+    _run(scenario, nodes)
