@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -14,32 +16,46 @@ from tests.unit.test_node_pipeline import P0, P1, P2, PARAMS, _node, _run, _send
 pytest.importorskip("torch")
 
 
-def _basis_welcome(stage: int) -> dict:
-    return dict(_welcome(stage), run=RunConfig(activation_encoding="basis_r8").to_dict())
+def _basis_welcome(stage: int, scheme: str = "basis_r8") -> dict:
+    return dict(_welcome(stage), run=RunConfig(activation_encoding=scheme).to_dict())
+
+
+def _spy_on_encode(codec: BoundaryCodec, kind: str | None = None) -> tuple[list[dict], Callable[..., tuple]]:
+    """(the headers ``codec`` encodes from now on, of ``kind`` or all; its real encode)."""
+    headers: list[dict] = []
+    real_encode = codec.encode
+
+    def spy(*args, **kwargs):
+        header, payload = real_encode(*args, **kwargs)
+        if kind is None or args[0] == kind:
+            headers.append(header)
+        return header, payload
+    codec.encode = spy  # type: ignore[method-assign]
+    return headers, real_encode
+
+
+async def _start_two(wire: MemoryWire, nodes: list, scheme: str, spy_kind: str | None = None, spy_last: bool = False):
+    """Stage 0 on P0 (its first job calibrates its basis), stage 1 on P1, both ready; P2 a stage-0 member
+    that runs no node. Returns (first, last, headers the spied node encodes, its real encode)."""
+    first, last = _node(P0, wire), _node(P1, wire)
+    nodes.extend([first, last])
+    first.ctx.boundary = BoundaryCodec(calibration_rows=4)
+    headers, real_encode = _spy_on_encode((last if spy_last else first).ctx.boundary, spy_kind)
+    for node in nodes:
+        await node.start_compute()
+        _send(node, {"type": "members", "stages": [[P0, P2], [P1]], "version": 0})
+    for stage, node in enumerate(nodes):
+        _send(node, _basis_welcome(stage, scheme))
+    await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+    return first, last, headers, real_encode
 
 
 def test_nodes_send_the_basis_once_then_coefficients_and_strike_a_sender_naming_one_never_sent():
     wire = MemoryWire()
-    nodes = []
+    nodes: list = []
 
     async def scenario():
-        first, last = _node(P0, wire), _node(P1, wire)
-        nodes.extend([first, last])
-        first.ctx.boundary = BoundaryCodec(calibration_rows=4)  # the first job calibrates
-        sent_headers = []
-        real_encode = first.ctx.boundary.encode
-
-        def spy(*args, **kwargs):
-            header, payload = real_encode(*args, **kwargs)
-            sent_headers.append(header)
-            return header, payload
-        first.ctx.boundary.encode = spy
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0, P2], [P1]], "version": 0})
-        _send(first, _basis_welcome(0))
-        _send(last, _basis_welcome(1))
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last, sent_headers, real_encode = await _start_two(wire, nodes, "basis_r8")
         for job in ("g1", "g2"):
             _send(first, {"type": "gen", "job": job, "route": [P0, P1], "prompt_ids": [[1, 5, 6], [1, 7, 8]],
                           "params": PARAMS})
@@ -60,27 +76,10 @@ def test_nodes_send_the_basis_once_then_coefficients_and_strike_a_sender_naming_
 
 def test_a_projected_gradient_scheme_trains_through_two_nodes_in_the_first_stages_own_basis():
     wire = MemoryWire()
-    nodes = []
+    nodes: list = []
 
     async def scenario():
-        first, last = _node(P0, wire), _node(P1, wire)
-        nodes.extend([first, last])
-        first.ctx.boundary = BoundaryCodec(calibration_rows=4)  # the generation job calibrates
-        grads = []
-        real_encode = last.ctx.boundary.encode
-
-        def spy(*args, **kwargs):
-            header, payload = real_encode(*args, **kwargs)
-            if args[0] == "grad":
-                grads.append(header)
-            return header, payload
-        last.ctx.boundary.encode = spy
-        for node in nodes:
-            await node.start_compute()
-            _send(node, {"type": "members", "stages": [[P0], [P1]], "version": 0})
-        for stage, node in enumerate(nodes):
-            _send(node, dict(_welcome(stage), run=RunConfig(activation_encoding="basis_r128_gp").to_dict()))
-        await _until("both stages ready", lambda: _sent(first, messages.Ready) and _sent(last, messages.Ready))
+        first, last, grads, _ = await _start_two(wire, nodes, "basis_r128_gp", spy_kind="grad", spy_last=True)
         route = [P0, P1]
         _send(first, {"type": "gen", "job": "g1", "route": route, "prompt_ids": [[1, 5, 6], [1, 7, 8]],
                       "params": PARAMS})
