@@ -21,7 +21,9 @@ boundary: its rows are the coefficients ``row @ pinv(basis)`` with no mean, in t
 the activations they are the gradient of, which the *receiver* fitted and sent (so it never
 travels inline). ``coefficients @ vectors`` is then the exact gradient of the projection the
 activations went through (``pinv(V) @ V`` is symmetric), not an approximation of the
-gradient the uncut activations would have had.
+gradient the uncut activations would have had (the few entries that crossed exactly as
+outliers get the projection's gradient too: the one approximation).
+
 Payload, in order (little-endian)::
 
     [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
