@@ -84,9 +84,8 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     **{f"basis_r{k}_g8": BoundaryScheme("basis", "subspace", {"rank": k}, {"rank": 0}) for k in (96, 128)},
     # the same forward; gradients as coefficients in the activations' own basis (8 or 4 bits): the exact
     # gradient of the rank-k cut the activations went through, at ~k bytes a row and no basis per tensor
-    **{f"basis_r{k}_gp": BoundaryScheme("basis", "basis", {"rank": k}, {"projected": True}) for k in (128,)},
-    **{f"basis_r{k}_gp_b4": BoundaryScheme("basis", "basis", {"rank": k}, {"projected": True, "code_bits": 4})
-       for k in (128,)},
+    "basis_r128_gp": BoundaryScheme("basis", "basis", {"rank": 128}, {"projected": True}),
+    "basis_r128_gp_b4": BoundaryScheme("basis", "basis", {"rank": 128}, {"projected": True, "code_bits": 4}),
 }
 
 
