@@ -165,8 +165,9 @@ def encode(array: np.ndarray, rank: int = 32, outlier_fraction: float = DEFAULT_
     if rank:
         _, basis_payload, basis_q = _int8_roundtrip(_top_basis(centred_rest, rank), False, code_bits)
         basis_q = basis_q.astype(np.float64)
-        # least squares against the basis as decoded, so its rounding is not paid twice
-        coef = np.linalg.solve(basis_q @ basis_q.T, basis_q @ centred_rest.T).T
+        # least squares against the basis as decoded, so its rounding is not paid twice (lstsq: a tensor
+        # of lower rank than asked can quantise some vectors to zero, which a normal-equation solve refuses)
+        coef = np.linalg.lstsq(basis_q.T, centred_rest.T, rcond=None)[0].T
         coef_col_scaled, coef_payload, coef_q = _int8_roundtrip(coef, "auto", code_bits)
         parts += [basis_payload, coef_payload]
         approx = coef_q.astype(np.float64) @ basis_q
