@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench.act_boundary import gradient_pass, signed_micro_batches, totals, wrap_stages
+from engine.bench.act_boundary import gradient_pass, signed_micro_batches, token_table_for, totals, wrap_stages
 from engine.bench.act_learning import CALIBRATION_ITEMS, real_learning, tiny_learning
 from engine.swarm.run_config import ACTIVATION_ENCODINGS
 
@@ -166,7 +166,7 @@ def real_model(model: Path, schemes: list[str], n_items: int, max_new_tokens: in
     try:
         for name in schemes:
             t0 = time.perf_counter()
-            wrapped = wrap_stages(stages, name)
+            wrapped = wrap_stages(stages, name, token_table_for(name, model))
             if calib_sequences is None:  # training-stream rows, as a swarm's first jobs (fp32's completions)
                 calib_done = greedy_completions(LocalPipeline(stages), calib_prompts, max_new_tokens, codec.eos_id)
                 calib_sequences = [list(p) + [int(t) for t in c] for p, c in zip(calib_prompts, calib_done)]

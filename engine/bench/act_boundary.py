@@ -15,14 +15,17 @@ What it does not know: tasks, RL training, which scheme is good.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import numpy as np
 
 from backends.base import StageBackend
-from engine.swarm.boundary_basis import BoundaryCodec
+from engine.net.codec_predictor import TokenTable
+from engine.swarm.boundary_basis import BoundaryCodec, tokens_of
 from engine.swarm.pipeline_hops import scheme_of
+from engine.swarm.stage_loading import load_token_table
 
 
 @dataclass
@@ -73,6 +76,7 @@ class EncodedBoundary:
         self.upstream: EncodedBoundary | None = None  # the neighbours' nodes (wrap_stages links them); alone,
         self.downstream: EncodedBoundary | None = None  # this codec plays both ends of the boundary
         self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
+        self._inputs: np.ndarray | None = None  # the last forward's inputs (a first stage's token ids)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -81,7 +85,8 @@ class EncodedBoundary:
         index = self._inner.spec.stage_index
         neighbour = self.downstream if kind == "act" else self.upstream
         peer = f"stage{index + 1}" if kind == "act" else f"stage{index - 1}"
-        header, payload = self.codec.encode(kind, exact, self.encoding, peer, index)
+        tokens = tokens_of(self._inputs, exact) if kind == "act" and self._inputs is not None else None
+        header, payload = self.codec.encode(kind, exact, self.encoding, peer, index, tokens=tokens)
         receiver = self.codec if neighbour is None else neighbour.codec
         decoded = receiver.decode(header, payload, exact.shape[-1], sender=f"stage{index}")
         self.codec.sent(peer, header)
@@ -91,6 +96,7 @@ class EncodedBoundary:
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
                 last_only: bool = False, segments=None) -> np.ndarray:
         out = self._inner.forward(inputs, cache_id=cache_id, key=key, last_only=last_only, segments=segments)
+        self._inputs = inputs if self._inner.spec.stage_index == 0 else None
         return out if self._inner.spec.is_last else self._cross("act", out)
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
@@ -105,12 +111,19 @@ class EncodedBoundary:
         self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
 
 
-def wrap_stages(stages: list[StageBackend], encoding: str) -> list[EncodedBoundary]:
-    """Every stage of a chain wrapped (the last one's logits and the first one's token ids stay exact)."""
-    chain = [EncodedBoundary(stage, encoding) for stage in stages]
+def wrap_stages(stages: list[StageBackend], encoding: str,
+                token_table: TokenTable | None = None) -> list[EncodedBoundary]:
+    """Every stage of a chain wrapped (the last one's logits and the first one's token ids stay
+    exact); ``token_table``: what every node holds for a token-predicted scheme."""
+    chain = [EncodedBoundary(stage, encoding, BoundaryCodec(token_table=token_table)) for stage in stages]
     for upstream, downstream in zip(chain, chain[1:]):  # one node per stage: each decodes what its neighbour sends
         upstream.downstream, downstream.upstream = downstream, upstream
     return chain
+
+
+def token_table_for(encoding: str, model: Path) -> TokenTable | None:
+    """``model``'s input embeddings when ``encoding`` predicts rows from their tokens (else None, nothing read)."""
+    return load_token_table(model) if scheme_of(encoding).params.get("predict") else None
 
 
 def totals(stages: list[EncodedBoundary], kind: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.bench.act_boundary import BoundaryMeter, gradient_pass, totals, wrap_stages
+from engine.bench.act_boundary import BoundaryMeter, gradient_pass, token_table_for, totals, wrap_stages
 from engine.bench.real_recipe import eval_point, load_stages, make_trainer, recipe
 
 #: training-stream items whose forward and backward pass comes first for every scheme of a real-model
@@ -49,7 +49,7 @@ def tiny_learning(checkpoint: Path, schemes: list[str], steps: int) -> dict[str,
         t0 = time.perf_counter()
         stages = [load_stage(ck, spec, "torch", "cpu", RL_OPTIMIZER)
                   for spec in plan_stages(ck.config.num_hidden_layers, 2)]
-        chain = wrap_stages(stages, name)
+        chain = wrap_stages(stages, name, token_table_for(name, checkpoint))
         try:
             trainer = Trainer(LocalPipeline(chain), TaskCodec.from_dir(checkpoint), config)
             start = trainer.evaluate()
@@ -91,7 +91,7 @@ def real_learning(model: Path, schemes: list[str], versions: int, eval_every: in
     for name in schemes:
         t0 = time.perf_counter()
         stages = load_stages(model, run)
-        chain = wrap_stages(stages, name)
+        chain = wrap_stages(stages, name, token_table_for(name, model))
         try:
             trainer = make_trainer(model, run, chain)
             if calibration is None:  # the same rows for every scheme: exact completions of training prompts

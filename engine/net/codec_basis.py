@@ -16,6 +16,11 @@ sent *once per link* (``inline``); every later tensor names it and carries only
 
 Rank 128 of 576 then costs ~135 bytes a row (17x fewer than float32), rank 64 ~70 (33x).
 
+A *token-predicted* basis (``Basis.predictor``, ``codec_predictor``) first subtracts from each
+row what its token predicts (a linear map of a token table both ends hold); the basis and
+the outliers code what is left, each tensor carries its rows' token ids (``params["tokens"]``
+bytes each), and the receiver adds the prediction back.
+
 An *uncentred* tensor (``params["centred"]`` false) is a gradient going back through such a
 boundary: its rows are the coefficients ``row @ pinv(basis)`` with no mean, in the basis of
 the activations they are the gradient of, which the *receiver* fitted and sent (so it never
@@ -27,11 +32,14 @@ outliers get the projection's gradient too: the one approximation).
 Payload, in order (little-endian)::
 
     [inline basis: mean float32 x cols, vectors bfloat16 bits x rank x cols]   when params["inline"]
+    [  its predictor: table id, weights (codec_predictor)]                     inline and params["tokens"]
     [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled, bits per params
     [outlier positions: varint gaps, index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
+    [token ids: uint16 or uint32 x rows]                                       when params["tokens"]
 
     value = mean + coefficients @ vectors, then value[position] = outlier   (uncentred: no mean)
+    then value += predictor(token)                                             (token-predicted)
 
 The receiver checks an inline basis against its id (sha-256 of its shape and bytes), so a
 sender cannot make one id mean two bases, and stores it in a :class:`BasisBook` (bounded,
@@ -55,8 +63,9 @@ import ml_dtypes
 import numpy as np
 from msgspec import Meta
 
-from engine.net import codec_int8, codec_outliers
+from engine.net import codec_int8, codec_outliers, codec_predictor
 from engine.net.codec_checks import PayloadReader, convert_params, require_in_range
+from engine.net.codec_predictor import Predictor, TokenTable
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
 
@@ -84,11 +93,13 @@ def basis_id_of(rank: int, cols: int, body: bytes) -> bytes:
 
 @dataclass(frozen=True, eq=False)
 class Basis:
-    """A row mean and ``rank`` basis vectors (bfloat16-exact float32), with their content id."""
+    """A row mean and ``rank`` basis vectors (bfloat16-exact float32), with their content id, and
+    the token predictor the rows are coded after (None: plain rows)."""
 
     mean: np.ndarray  # float32 [cols]
     vectors: np.ndarray  # float32 [rank, cols], every value exact in bfloat16
     basis_id: bytes
+    predictor: Predictor | None = None
     _pinv: list = field(default_factory=list, repr=False)  # encoder's cache: [cols, rank] float32
 
     @property
@@ -102,15 +113,17 @@ class Basis:
     @property
     def nbytes(self) -> int:
         """Bytes the basis costs inline (what a link pays once)."""
-        return 4 * self.cols + 2 * self.rank * self.cols
+        return 4 * self.cols + 2 * self.rank * self.cols + (self.predictor.nbytes if self.predictor else 0)
 
     def to_bytes(self) -> bytes:
         bits = self.vectors.astype(_BF16).view("<u2")
-        return self.mean.astype("<f4").tobytes() + np.ascontiguousarray(bits).tobytes()
+        body = self.mean.astype("<f4").tobytes() + np.ascontiguousarray(bits).tobytes()
+        return body + (self.predictor.to_bytes() if self.predictor else b"")
 
     @classmethod
-    def from_arrays(cls, mean: np.ndarray, vectors: np.ndarray) -> Basis:
-        """A basis of ``mean [cols]`` and ``vectors [rank, cols]`` (rounded to bfloat16)."""
+    def from_arrays(cls, mean: np.ndarray, vectors: np.ndarray, predictor: Predictor | None = None) -> Basis:
+        """A basis of ``mean [cols]`` and ``vectors [rank, cols]`` (rounded to bfloat16), coding
+        rows after ``predictor``'s prediction when given."""
         mean = np.ascontiguousarray(mean, dtype=np.float32).reshape(-1)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).astype(_BF16).astype(np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != mean.shape[0]:
@@ -119,12 +132,18 @@ class Basis:
             raise ValueError(f"a basis has 1..{MAX_RANK} vectors of 1..{MAX_COLS} columns, got {vectors.shape}")
         if not (np.isfinite(mean).all() and np.isfinite(vectors).all()):
             raise ValueError("a basis must be finite")
+        if predictor is not None and predictor.weights.shape != (mean.shape[0] + 1, mean.shape[0]):
+            raise ValueError(f"a predictor of shape {predictor.weights.shape} does not fit {mean.shape[0]} columns")
         body = mean.astype("<f4").tobytes() + vectors.astype(_BF16).view("<u2").tobytes()
-        return cls(mean, vectors, basis_id_of(vectors.shape[0], mean.shape[0], body))
+        body += predictor.to_bytes() if predictor is not None else b""
+        return cls(mean, vectors, basis_id_of(vectors.shape[0], mean.shape[0], body), predictor)
 
     @classmethod
-    def fit(cls, rows: np.ndarray, rank: int, outlier_fraction: float = DEFAULT_OUTLIER_FRACTION) -> Basis:
-        """The mean and top ``rank`` principal directions of ``rows [n, cols]``, the largest
+    def fit(cls, rows: np.ndarray, rank: int, outlier_fraction: float = DEFAULT_OUTLIER_FRACTION,
+            predictor: Predictor | None = None, table: TokenTable | None = None,
+            tokens: np.ndarray | None = None) -> Basis:
+        """The mean and top ``rank`` principal directions of ``rows [n, cols]`` (less what
+        ``predictor`` says of their ``tokens`` in ``table``, when given), the largest
         ``outlier_fraction`` of entries replaced by their column's mean first (they travel
         exactly, so they must not pull the directions the other entries are fitted in)."""
         matrix = np.asarray(rows, dtype=np.float64)
@@ -132,6 +151,10 @@ class Basis:
             raise ValueError(f"fit needs rows [n, cols], got shape {matrix.shape}")
         if not np.isfinite(matrix).all():
             raise ValueError("fit needs finite rows")
+        if predictor is not None:
+            if table is None or tokens is None:
+                raise ValueError("a token-predicted fit needs the table and the rows' tokens")
+            matrix = matrix - predictor.predict(table, tokens)
         n, cols = matrix.shape
         rank = max(1, min(int(rank), cols, MAX_RANK))
         n_out = min(matrix.size, math.ceil(outlier_fraction * matrix.size)) if outlier_fraction > 0 else 0
@@ -150,7 +173,7 @@ class Basis:
                 matrix.reshape(-1)[positions] = fit.reshape(-1)[positions]
             mean, top = _principal(matrix, rank)
         signs = np.sign(top[np.arange(rank), np.abs(top).argmax(axis=1)])  # deterministic orientation
-        return cls.from_arrays(mean, top * np.where(signs == 0, 1.0, signs)[:, None])
+        return cls.from_arrays(mean, top * np.where(signs == 0, 1.0, signs)[:, None], predictor)
 
     def pinv(self) -> np.ndarray:
         """``[cols, rank]``: least-squares coefficients of rows in the (bfloat16-rounded) vectors."""
@@ -168,20 +191,23 @@ def _principal(matrix: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     return mean, vectors[:, ::-1][:, :rank].T
 
 
-def read_basis(reader: PayloadReader, rank: int, cols: int) -> Basis:
-    """An inline basis from an untrusted payload (finite values, or a WireFormatError)."""
+def read_basis(reader: PayloadReader, rank: int, cols: int, predicted: bool = False) -> Basis:
+    """An inline basis (with its predictor when ``predicted``) from an untrusted payload
+    (finite values, or a WireFormatError)."""
     mean = reader.take(cols, "<f4", "basis mean")
     vectors = reader.take(rank * cols, "<u2", "basis vectors").view(_BF16).astype(np.float32).reshape(rank, cols)
     if not (np.isfinite(mean).all() and np.isfinite(vectors).all()):
         raise WireFormatError("inline basis contains NaN or inf")
-    return Basis.from_arrays(mean.copy(), vectors)
+    predictor = codec_predictor.read_predictor(reader, cols) if predicted else None
+    return Basis.from_arrays(mean.copy(), vectors, predictor)
 
 
 class BasisBook:
     """The bases one receiver holds from one sender, by id; at most ``capacity``, least recently used out."""
 
-    def __init__(self, capacity: int = DEFAULT_BOOK_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_BOOK_CAPACITY, table: TokenTable | None = None) -> None:
         self.capacity = capacity
+        self.table = table  # the token table the receiver adds predictions from (None: none held)
         self._bases: OrderedDict[bytes, Basis] = OrderedDict()
 
     def __len__(self) -> int:
@@ -217,22 +243,27 @@ class BasisParams(WireRecord, frozen=True):
     index_bytes: Annotated[int, Meta(ge=0, le=_VARINT_MAX_BYTES << 40)]  # bytes of the outliers' positions
     bits: Literal[8, 4] = 8  # bits per coefficient code (sent only when 4)
     centred: bool = True  # false: coefficients of rows with no mean, in the receiver's own basis (sent only then)
+    tokens: Literal[0, 2, 4] = 0  # bytes of each row's token id (token-predicted basis; sent only then)
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
-                   outlier_index_bytes: int, bits: int = 8) -> int:
+                   outlier_index_bytes: int, bits: int = 8, token_bytes: int = 0) -> int:
     """Exact payload length the params imply (the decoder refuses any other)."""
     basis = (4 * cols + 2 * rank * cols) if inline else 0
+    if inline and token_bytes:  # the predictor: table id, [cols + 1, cols] weights
+        basis += codec_predictor.TABLE_ID_BYTES + 2 * (cols + 1) * cols
     return (basis + codec_int8.payload_nbytes(rows, rank, coef_col_scaled, bits) + outlier_index_bytes
-            + 2 * outliers)
+            + 2 * outliers + token_bytes * rows)
 
 
 def encode(array: np.ndarray, basis: Basis, inline: bool = False,
            outlier_fraction: float = DEFAULT_OUTLIER_FRACTION, code_bits: int = 8,
-           centred: bool = True) -> tuple[dict[str, Any], bytes]:
+           centred: bool = True, tokens: np.ndarray | None = None,
+           table: TokenTable | None = None) -> tuple[dict[str, Any], bytes]:
     """Encode a float32 array whose last dim is ``basis.cols`` (ValueError for a sender mistake);
     ``code_bits``: 8 or 4 bits per coefficient code; ``centred`` false: rows with no mean, in a
-    basis the receiver holds as its own (never inline)."""
+    basis the receiver holds as its own (never inline; a predictor is not applied); a
+    token-predicted basis needs ``tokens`` (one id per row, ``array.shape[:-1]``) and ``table``."""
     if not isinstance(basis, Basis):
         raise ValueError("the basis encoding needs a Basis")
     if not centred and inline:
@@ -247,6 +278,17 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     if cols != basis.cols:
         raise ValueError(f"rows of {cols} values do not fit a basis of {basis.cols} columns")
     matrix = array.reshape(rows, cols).astype(np.float32, copy=False)
+    predicted = centred and basis.predictor is not None
+    ids = np.zeros(0, np.int64)
+    if predicted:
+        assert basis.predictor is not None
+        if tokens is None or table is None:
+            raise ValueError("a token-predicted basis needs the rows' tokens and the token table")
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if ids.shape[0] != rows:
+            raise ValueError(f"{ids.shape[0]} token ids for {rows} rows")
+        codec_predictor.check_tokens(ids, table)
+        matrix = matrix - basis.predictor.predict(table, ids)
     n_out = min(array.size, math.ceil(outlier_fraction * array.size)) if outlier_fraction > 0 and rows else 0
     mean = basis.mean if centred else np.zeros_like(basis.mean)
     coef = (matrix - mean) @ basis.pinv()
@@ -271,10 +313,13 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
         positions = np.sort(np.argpartition(miss, miss.size - n_out)[miss.size - n_out:]).astype(np.int64)
         index_section, values = codec_outliers.pack(matrix.reshape(-1), positions)
         parts += [index_section, values]
+    token_bytes = table.token_bytes if predicted and table is not None else 0
+    if token_bytes:
+        parts.append(ids.astype("<u2" if token_bytes == 2 else "<u4").tobytes())
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
               "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
               "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 else {}),
-              **({} if centred else {"centred": False})}
+              **({} if centred else {"centred": False}), **({"tokens": token_bytes} if token_bytes else {})}
     return params, b"".join(parts)
 
 
@@ -292,11 +337,14 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
                                    _VARINT_MAX_BYTES * n_out)
     reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
                                        coef_col_scaled=typed.col_scaled, outliers=n_out,
-                                       outlier_index_bytes=index_bytes, bits=typed.bits))
+                                       outlier_index_bytes=index_bytes, bits=typed.bits,
+                                       token_bytes=typed.tokens))
     if typed.inline and not typed.centred:
         raise WireFormatError("an uncentred basis tensor names the receiver's own basis; it cannot carry one inline")
+    if typed.tokens and not typed.centred:
+        raise WireFormatError("an uncentred basis tensor carries no token ids")
     if typed.inline:
-        basis = read_basis(reader, typed.rank, cols)
+        basis = read_basis(reader, typed.rank, cols, predicted=bool(typed.tokens))
         if basis.basis_id != typed.id:
             raise WireFormatError(f"inline basis hashes to {basis.basis_id.hex()}, not the {typed.id.hex()} it claims")
         book.add(basis)
@@ -309,10 +357,21 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     if basis.rank != typed.rank or basis.cols != cols:
         raise WireFormatError(f"basis {typed.id.hex()} is {basis.rank} x {basis.cols}, the tensor says "
                               f"{typed.rank} x {cols}")
+    if typed.centred and (basis.predictor is not None) != bool(typed.tokens):
+        raise WireFormatError(f"basis {typed.id.hex()} {'has' if basis.predictor else 'has no'} token predictor, "
+                              f"the tensor says otherwise")
     coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients", typed.bits)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it
         out = coef.reshape(rows, typed.rank) @ basis.vectors
         if typed.centred:
             out += basis.mean
     codec_outliers.apply(reader, out, n_out, index_bytes)
+    if typed.tokens and basis.predictor is not None:
+        table = book.table
+        ids = codec_predictor.read_tokens(reader, rows, typed.tokens, table)
+        assert table is not None  # read_tokens refuses a missing table
+        if typed.tokens != table.token_bytes:
+            raise WireFormatError(f"token ids of {typed.tokens} bytes for a table of {table.vocab} rows")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out += basis.predictor.predict(table, ids)
     return out.reshape(-1).astype(np.float32, copy=False)

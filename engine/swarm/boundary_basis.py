@@ -18,6 +18,14 @@ basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
 * per sender, the :class:`~engine.net.codec_basis.BasisBook` of bases received (bounded;
   a tensor naming a basis never received is a WireFormatError against its sender).
 
+A *token-predicted* scheme (``{"predict": True}`` in the activations' params) fits, with the
+basis, a linear prediction of each row from its token (``engine.net.codec_predictor``) and
+codes the rows less that prediction: it needs the rows' token ids, which only the first
+stage has (its inputs; ``forward_encoded`` passes them; later stages fit plain bases), and
+the base checkpoint's embedding table on both ends (``token_table``, set by the node). A
+first stage without the table fits a plain basis; a tensor of it without tokens goes with
+the fallback and does not calibrate.
+
 A *projected* gradient scheme (``{"projected": True}`` in the gradients' params) sends the
 gradients back as coefficients in the basis the receiver's activations last came in
 (uncentred, ``codec_basis``): the receiving node decodes them in the bases it fitted itself
@@ -29,6 +37,7 @@ what both touch (the books included) is under a lock. What it does not know: job
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from engine.net.codec_basis import Basis, BasisBook
+from engine.net.codec_predictor import Predictor, TokenTable
 from engine.swarm.pipeline_hops import decode_activation, encode_with, scheme_of
 
 #: rows a stage sends in one direction before it fits that direction's basis
@@ -48,6 +58,8 @@ _FALLBACK: tuple[str, dict[str, Any]] = ("subspace", {"rank": 0})
 #: senders whose books a node keeps (least recently heard from out)
 MAX_SENDER_BOOKS = 64
 
+log = logging.getLogger(__name__)
+
 
 class BasisFitter:
     """Fits one direction's basis from the first ``calibration_rows`` rows it sends, and (with
@@ -55,32 +67,48 @@ class BasisFitter:
     (the weights move under training; a refitted basis is a new one, sent once per link again)."""
 
     def __init__(self, rank: int, calibration_rows: int = DEFAULT_CALIBRATION_ROWS, refit_rows: int = 0,
-                 outlier_fraction: float | None = None) -> None:
+                 outlier_fraction: float | None = None, predict: bool = False) -> None:
         self.rank = rank
         self.calibration_rows = calibration_rows
         self.refit_rows = refit_rows
         self.outlier_fraction = outlier_fraction
+        self.predict = predict  # fit a token predictor too (off for good when the node holds no token table)
         self._rows: list[np.ndarray] = []
+        self._tokens: list[np.ndarray] = []  # the rows' token ids, while predicting
         self._kept = 0  # rows in self._rows
         self._since_fit = 0  # rows seen since the last fit
         self.basis: Basis | None = None
         self.fits = 0
 
-    def observe(self, x: np.ndarray) -> Basis | None:
+    def observe(self, x: np.ndarray, tokens: np.ndarray | None = None,
+                table: TokenTable | None = None) -> Basis | None:
         """The basis to send ``x`` in (fitted from the rows so far, ``x``'s included), or None
-        while calibrating (``x`` then goes with the fallback)."""
+        while calibrating (``x`` then goes with the fallback); ``tokens``: ``x``'s token ids."""
         if self.basis is not None and not self.refit_rows:
+            return self.basis
+        if self.predict and table is None:
+            log.warning("no token table (the base checkpoint's embeddings): fitting a plain basis")
+            self.predict, self._tokens = False, []
+        if self.predict and tokens is None:  # rows without their tokens cannot fit a predictor
             return self.basis
         rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
         self._since_fit += rows.shape[0]
         self._rows.append(rows[-self.calibration_rows:].copy())
+        if self.predict:
+            self._tokens.append(np.asarray(tokens, np.int64).reshape(-1)[-self.calibration_rows:].copy())
         self._kept += self._rows[-1].shape[0]
         while self._kept - self._rows[0].shape[0] >= self.calibration_rows:  # keep the latest rows only
             self._kept -= self._rows.pop(0).shape[0]
+            if self._tokens:
+                self._tokens.pop(0)
         due = self.basis is None and self._kept >= self.calibration_rows
         if due or (self.basis is not None and self._since_fit >= self.refit_rows):
-            extra = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
-            self.basis = Basis.fit(np.concatenate(self._rows)[-self.calibration_rows:], self.rank, **extra)
+            extra: dict[str, Any] = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
+            fit_rows = np.concatenate(self._rows)[-self.calibration_rows:]
+            if self.predict and table is not None:
+                fit_tokens = np.concatenate(self._tokens)[-self.calibration_rows:]
+                extra.update(predictor=Predictor.fit(table, fit_tokens, fit_rows), table=table, tokens=fit_tokens)
+            self.basis = Basis.fit(fit_rows, self.rank, **extra)
             self._since_fit = 0
             self.fits += 1
         return self.basis
@@ -90,9 +118,11 @@ class BoundaryCodec:
     """One node's encoder and decoder of stage-boundary tensors (see the module docstring)."""
 
     def __init__(self, calibration_rows: int = DEFAULT_CALIBRATION_ROWS,
-                 refit_rows: int = DEFAULT_REFIT_ROWS) -> None:
+                 refit_rows: int = DEFAULT_REFIT_ROWS, token_table: TokenTable | None = None) -> None:
         self.calibration_rows = calibration_rows
         self.refit_rows = refit_rows
+        #: the base checkpoint's embeddings, for token-predicted schemes (None: this node predicts nothing)
+        self.token_table = token_table
         self._fitters: dict[tuple[int, str, str], BasisFitter] = {}
         self._held: dict[str, set[bytes]] = {}  # peer -> ids of our bases it holds
         self._books: OrderedDict[str, BasisBook] = OrderedDict()
@@ -100,22 +130,27 @@ class BoundaryCodec:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ sending (compute thread)
-    def encode(self, kind: str, x: np.ndarray, encoding: str, peer: str, stage_index: int = 0) -> tuple[dict, bytes]:
+    def encode(self, kind: str, x: np.ndarray, encoding: str, peer: str, stage_index: int = 0,
+               tokens: np.ndarray | None = None) -> tuple[dict, bytes]:
         """``(tensor header, payload)`` of activations (``kind="act"``) or input gradients
-        (``"grad"``) ``x`` for ``peer``, with that half of scheme ``encoding``."""
+        (``"grad"``) ``x`` for ``peer``, with that half of scheme ``encoding``; ``tokens``: the
+        token id of each of ``x``'s rows (``x.shape[:-1]``) where this stage knows them."""
         scheme = scheme_of(encoding)
         wire, params = (scheme.encoding, scheme.params) if kind == "act" else (scheme.grad_encoding, scheme.grad_params)
         if wire != "basis":
             return encode_with(x, wire, params)
         if params.get("projected"):
             return self._encode_projected(x, peer, params)
-        basis = self._fitter(stage_index, kind, encoding, params).observe(x)
-        if basis is None:
+        table = self.token_table
+        basis = self._fitter(stage_index, kind, encoding, params).observe(x, tokens, table)
+        if basis is None or (basis.predictor is not None and (tokens is None or table is None)):
             return encode_with(x, *_FALLBACK)
         with self._lock:
             self._own.add(basis)
             inline = basis.basis_id not in self._held.get(peer, ())
         extra = {k: v for k, v in params.items() if k in ("outlier_fraction", "code_bits")}
+        if basis.predictor is not None:
+            extra.update(tokens=tokens, table=table)
         return encode_with(x, "basis", {"basis": basis, "inline": inline, **extra})
 
     def _encode_projected(self, grad: np.ndarray, peer: str, params: dict[str, Any]) -> tuple[dict, bytes]:
@@ -133,8 +168,10 @@ class BoundaryCodec:
 
     def forward_encoded(self, forward: Callable[[str, np.ndarray], np.ndarray], key: str, x: np.ndarray,
                         encoding: str, peer: str, stage_index: int = 0) -> tuple[dict, bytes]:
-        """Compute thread: run a stage forward and encode its output for ``peer``, in one hop."""
-        return self.encode("act", forward(key, x), encoding, peer, stage_index)
+        """Compute thread: run a stage forward and encode its output for ``peer``, in one hop (a
+        first stage's ``x`` is token ids: each output row's token, which a predicted scheme sends)."""
+        out = forward(key, x)
+        return self.encode("act", out, encoding, peer, stage_index, tokens=tokens_of(x, out))
 
     def _fitter(self, stage_index: int, kind: str, encoding: str, params: dict[str, Any]) -> BasisFitter:
         key = (stage_index, kind, encoding)
@@ -142,7 +179,8 @@ class BoundaryCodec:
         if fitter is None:
             fitter = self._fitters[key] = BasisFitter(int(params["rank"]), self.calibration_rows,
                                                       int(params.get("refit_rows", self.refit_rows)),
-                                                      params.get("outlier_fraction"))
+                                                      params.get("outlier_fraction"),
+                                                      bool(params.get("predict")) and stage_index == 0)
         return fitter
 
     # ------------------------------------------------------------------ links (event loop)
@@ -171,4 +209,14 @@ class BoundaryCodec:
                 while len(self._books) > MAX_SENDER_BOOKS:
                     self._books.popitem(last=False)
             self._books.move_to_end(sender)
+            book.table = self.token_table
             return decode_activation(header, payload, hidden_size, bases=book)
+
+
+def tokens_of(inputs: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """``inputs`` as the token ids of ``out``'s rows when they are (a first stage's integer inputs of
+    ``out``'s leading shape), else None."""
+    inputs = np.asarray(inputs)
+    if inputs.dtype.kind not in "iu" or inputs.shape != out.shape[:-1]:
+        return None
+    return inputs

@@ -55,10 +55,10 @@ from engine.swarm.inference_replica import TRAINING_MESSAGES, InferenceReplica
 from engine.swarm.node_context import CoordinatorSender, NodeContext, PeerSender
 from engine.swarm.node_status import NodeStatus, remembered_uplink
 from engine.swarm.peer_links import PeerLinks
-from engine.swarm.pipeline_hops import check_hop
+from engine.swarm.pipeline_hops import check_hop, scheme_of
 from engine.swarm.replica_step import ReplicaStep
 from engine.swarm.run_config import run_config_from_dict
-from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer
+from engine.swarm.stage_loading import base_dir, load_from_files, load_from_peer, load_token_table
 from engine.swarm.stage_runtime import StageRuntime
 from engine.swarm.tickets import TicketChecker
 from engine.swarm.training import Training
@@ -340,6 +340,20 @@ class Node:
         self.replicas.new_weights(fresh=not keep)
         ctx.membership.coordinator_version = welcome.version
         self.replica.after_load()
+        await self._load_token_table()
+
+    async def _load_token_table(self) -> None:
+        """A token-predicted activation scheme's table (the base's embeddings), read once; without
+        the base on this machine the node sends plain bases and cannot decode predicted ones."""
+        ctx = self.ctx
+        if ctx.boundary.token_table is not None or not scheme_of(ctx.stage.run_cfg.activation_encoding).params.get(
+                "predict"):
+            return
+        try:
+            ctx.boundary.token_table = await ctx.compute.run(load_token_table, self._base_dir())
+        except Exception as exc:  # noqa: BLE001 - a missing base costs compression, not the node
+            log.warning("no token table for %s (%s): this node sends plain bases; install the run's model "
+                        "to decode predicted activations", ctx.stage.run_cfg.activation_encoding, exc)
 
     def _data_dir(self) -> Path:
         return Path(self.config.data_dir) if self.config.data_dir else user_data_dir()

@@ -86,6 +86,10 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     # gradient of the rank-k cut the activations went through, at ~k bytes a row and no basis per tensor
     "basis_r128_gp": BoundaryScheme("basis", "basis", {"rank": 128}, {"projected": True}),
     "basis_r128_gp_b4": BoundaryScheme("basis", "basis", {"rank": 128}, {"projected": True, "code_bits": 4}),
+    # basis_r128_gs64_b4 less each row's linear prediction from its token (``codec_predictor``): the
+    # first stage sends its rows' token ids, both ends hold the base checkpoint's embeddings
+    "predicted_r128_gs64_b4": BoundaryScheme("basis", "subspace", {"rank": 128, "predict": True},
+                                             {"rank": 64, "code_bits": 4}),
 }
 
 

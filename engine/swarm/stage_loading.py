@@ -2,6 +2,7 @@
 
 * :func:`base_dir`: the base checkpoint directory (the run's model, the configured one, or the shipped one).
 * :func:`load_from_files`: the base checkpoint's layers of the stage, or a stage checkpoint.
+* :func:`load_token_table`: the base's input embeddings, for token-predicted activation schemes.
 * :func:`load_from_peer`: asks a replica for its trainable weights (``weights_req``; under LoRA
   only the adapters travel: the frozen base comes from this machine's files; with
   ``stream`` an inference replica also starts following that replica's weight stream),
@@ -17,6 +18,7 @@ import logging
 from pathlib import Path
 
 from backends.base import OptimizerConfig, StageSpec
+from engine.net.codec_predictor import TokenTable
 from engine.net.errors import ProtocolViolation
 from engine.swarm import adamw_transfer, tensor_bundle
 from engine.swarm.messages import Weights, WeightsReq
@@ -46,6 +48,15 @@ def base_dir(configured: str | None, model: str = "") -> Path:
     from engine.paths import base_checkpoint_dir
 
     return base_checkpoint_dir()
+
+
+def load_token_table(base: Path) -> TokenTable:
+    """The base checkpoint's input embeddings as the token table of predicted activation schemes
+    (every node of a run reads the same base, whatever training does to its stage's copy)."""
+    from backends.stage_layout import EMBED
+    from engine.model.checkpoint import Checkpoint
+
+    return TokenTable(Checkpoint(base).read([EMBED])[EMBED])
 
 
 def is_model_name(model: str) -> bool:

@@ -51,7 +51,8 @@ def row_bytes(encoding: str, hidden_size: int) -> tuple[float, float]:
         per_unit, per_row = _PLAIN[encoding]
         size = per_unit * hidden_size + per_row
         return size, size
-    # subspace / basis schemes: about rank x code bits / 8 coefficient bytes and a scale a row;
+    # subspace / basis schemes: about rank x code bits / 8 coefficient bytes and a scale a row (and
+    # a token id with a predicted scheme);
     # a rank of 0 (int8 rows with exact outliers) is the whole width at a byte
     scheme = scheme_of(encoding)
     return (_coefficient_row_bytes(scheme.params, hidden_size),
@@ -60,7 +61,8 @@ def row_bytes(encoding: str, hidden_size: int) -> tuple[float, float]:
 
 def _coefficient_row_bytes(params: dict, hidden_size: int) -> float:
     rank = min(int(params.get("rank", 0)), hidden_size) or hidden_size
-    return rank * int(params.get("code_bits", 8)) / 8 + 4.0
+    token_id = 2.0 if params.get("predict") else 0.0  # a token-predicted row carries its token's id
+    return rank * int(params.get("code_bits", 8)) / 8 + 4.0 + token_id
 
 
 def _diloco_bytes_per_parameter(sync: ReplicaSyncSettings) -> float:

@@ -95,3 +95,22 @@ def test_a_projected_gradient_scheme_trains_through_two_nodes_in_the_first_stage
         assert not wire.strikes[(P0, P1)] and not wire.strikes[(P1, P0)]
 
     _run(scenario, nodes)
+
+
+def test_a_token_predicted_scheme_sends_the_first_stages_token_ids_and_both_nodes_hold_the_bases_table():
+    wire = MemoryWire()
+    nodes: list = []
+
+    async def scenario():
+        first, last, sent_headers, _ = await _start_two(wire, nodes, "predicted_r128_gs64_b4", spy_kind="act")
+        for job in ("g1", "g2"):
+            _send(first, {"type": "gen", "job": job, "route": [P0, P1], "prompt_ids": [[1, 5, 6], [1, 7, 8]],
+                          "params": PARAMS})
+            await _until(f"{job} done", lambda j=job: [d for d in _sent(last, messages.GenDone) if d.job == j])
+        tables = [node.ctx.boundary.token_table for node in (first, last)]
+        assert tables[0] is not None and tables[1] is not None and tables[0].table_id == tables[1].table_id
+        assert all(h["encoding"] == "basis" and h["params"]["tokens"] == 2 for h in sent_headers)
+        assert [h["params"]["inline"] for h in sent_headers].count(True) == 1
+        assert not wire.strikes[(P1, P0)]
+
+    _run(scenario, nodes)
