@@ -2,11 +2,10 @@
 
 Halfway through a pretrained model a hidden row still carries its token's identity: on
 SmolLM2-135M's layer-15 boundary a linear map of the token's input embedding (and a
-constant) accounts for all but a small share of a row's energy, and that share is what is
-hard to send. The token embeddings span almost every direction of the 576-wide row, so a
-rank-128 basis spends its coefficients on them; what is left once they are subtracted is
-far closer to low rank (measured: the typical row's error at rank 128 and 8 bits falls
-from 1.3e-3 to 1.5e-4 of its energy). So both ends hold one fixed
+constant) accounts for most of a row. The token embeddings span almost every direction of
+the 576-wide row, so a rank-128 basis spends its coefficients on them; what is left once
+the prediction is subtracted is far closer to low rank (measured: the typical row's error at rank 128 and 8 bits falls
+from 1.3e-3 to 1.3e-4 of its energy). So both ends hold one fixed
 :class:`TokenTable` (the base checkpoint's ``model.embed_tokens.weight``: the same on
 every node of a run, whatever training does to a stage's copy), the sender fits a
 :class:`Predictor` (a ``[cols + 1, cols]`` matrix: ``[table[token], 1] @ weights``) on the

@@ -198,8 +198,10 @@ class RunConfig:
         micro-batches pay for each gradient tensor's basis); basis_r128_gs64_b4 halves that basis:
         17x, within 5 points of fp32 at v64 on three seeds but 5.5-5.9 behind over the curve on two
         (int8_outliers, the real-model default, stays within 1.6 at every eval; basis_r128_gp, 16.6x, is
-        no better: the rank-128 cut of the activations is the cost), while basis_r96 and
-        basis_r96_gs64 (18-22x) lag 9-12 points; the tiny base's 64-wide boundary is not
+        no better: the rank-128 cut of the activations is the cost; predicted_r128_gs64_b4 codes each
+        row less a linear prediction from its token's base embedding, which halves the next-token KL
+        but ends 16.3x, -4.7 / -4.7 and -1.6 / -6.3 at v64 / over the curve on seeds 1 and 2),
+        while basis_r96 and basis_r96_gs64 (18-22x) lag 9-12 points; the tiny base's 64-wide boundary is not
         low-rank (basis_r8 lost learning, basis_r32 is 7.4x; basis_r32_b4 sends 8.5x fewer
         peer-link bytes than fp32 activations but ends 11 points behind, two seeds).
       update_encoding: how replicas exchange gradients, with error feedback: "int8" (every
