@@ -200,7 +200,7 @@ class RunConfig:
         (int8_outliers, the real-model default, stays within 1.6 at every eval; basis_r128_gp, 16.6x, is
         no better: the rank-128 cut of the activations is the cost; predicted_r128_gs64_b4 codes each
         row less a linear prediction from its token's base embedding, which halves the next-token KL
-        but ends 16.3x, -4.7 / -4.7 and -1.6 / -6.3 at v64 / over the curve on seeds 1 and 2),
+        but at 16.2-16.3x ends 1.6-4.7 behind at v64 and 4.7-6.3 behind over the curve, three seeds),
         while basis_r96 and basis_r96_gs64 (18-22x) lag 9-12 points; the tiny base's 64-wide boundary is not
         low-rank (basis_r8 lost learning, basis_r32 is 7.4x; basis_r32_b4 sends 8.5x fewer
         peer-link bytes than fp32 activations but ends 11 points behind, two seeds).
