@@ -76,16 +76,14 @@ class EncodedBoundary:
         self.upstream: EncodedBoundary | None = None  # the neighbours' nodes (wrap_stages links them); alone,
         self.downstream: EncodedBoundary | None = None  # this codec plays both ends of the boundary
         self.meters = {"act": BoundaryMeter(), "grad": BoundaryMeter()}
-        self._inputs: np.ndarray | None = None  # the last forward's inputs (a first stage's token ids)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _cross(self, kind: str, exact: np.ndarray) -> np.ndarray:
+    def _cross(self, kind: str, exact: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
         index = self._inner.spec.stage_index
         neighbour = self.downstream if kind == "act" else self.upstream
         peer = f"stage{index + 1}" if kind == "act" else f"stage{index - 1}"
-        tokens = tokens_of(self._inputs, exact) if kind == "act" and self._inputs is not None else None
         header, payload = self.codec.encode(kind, exact, self.encoding, peer, index, tokens=tokens)
         receiver = self.codec if neighbour is None else neighbour.codec
         decoded = receiver.decode(header, payload, exact.shape[-1], sender=f"stage{index}")
@@ -96,8 +94,7 @@ class EncodedBoundary:
     def forward(self, inputs: np.ndarray, *, cache_id: str | None = None, key: str | None = None,
                 last_only: bool = False, segments=None) -> np.ndarray:
         out = self._inner.forward(inputs, cache_id=cache_id, key=key, last_only=last_only, segments=segments)
-        self._inputs = inputs if self._inner.spec.stage_index == 0 else None
-        return out if self._inner.spec.is_last else self._cross("act", out)
+        return out if self._inner.spec.is_last else self._cross("act", out, tokens_of(inputs, out))
 
     def token_logprobs(self, inputs: np.ndarray, targets: np.ndarray, *, key: str | None = None,
                        temperature: float = 1.0, segments=None) -> np.ndarray:

@@ -278,17 +278,16 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     if cols != basis.cols:
         raise ValueError(f"rows of {cols} values do not fit a basis of {basis.cols} columns")
     matrix = array.reshape(rows, cols).astype(np.float32, copy=False)
-    predicted = centred and basis.predictor is not None
+    predictor = basis.predictor if centred else None
     ids = np.zeros(0, np.int64)
-    if predicted:
-        assert basis.predictor is not None
+    if predictor is not None:
         if tokens is None or table is None:
             raise ValueError("a token-predicted basis needs the rows' tokens and the token table")
         ids = np.asarray(tokens, np.int64).reshape(-1)
         if ids.shape[0] != rows:
             raise ValueError(f"{ids.shape[0]} token ids for {rows} rows")
         codec_predictor.check_tokens(ids, table)
-        matrix = matrix - basis.predictor.predict(table, ids)
+        matrix = matrix - predictor.predict(table, ids)
     n_out = min(array.size, math.ceil(outlier_fraction * array.size)) if outlier_fraction > 0 and rows else 0
     mean = basis.mean if centred else np.zeros_like(basis.mean)
     coef = (matrix - mean) @ basis.pinv()
@@ -313,7 +312,7 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
         positions = np.sort(np.argpartition(miss, miss.size - n_out)[miss.size - n_out:]).astype(np.int64)
         index_section, values = codec_outliers.pack(matrix.reshape(-1), positions)
         parts += [index_section, values]
-    token_bytes = table.token_bytes if predicted and table is not None else 0
+    token_bytes = table.token_bytes if predictor is not None and table is not None else 0
     if token_bytes:
         parts.append(ids.astype("<u2" if token_bytes == 2 else "<u4").tobytes())
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
@@ -367,11 +366,10 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
             out += basis.mean
     codec_outliers.apply(reader, out, n_out, index_bytes)
     if typed.tokens and basis.predictor is not None:
-        table = book.table
-        ids = codec_predictor.read_tokens(reader, rows, typed.tokens, table)
-        assert table is not None  # read_tokens refuses a missing table
-        if typed.tokens != table.token_bytes:
-            raise WireFormatError(f"token ids of {typed.tokens} bytes for a table of {table.vocab} rows")
+        if book.table is None:
+            raise WireFormatError("a token-predicted tensor arrived but this node holds no token table "
+                                  "(it needs the base checkpoint's embeddings)")
+        ids = codec_predictor.read_tokens(reader, rows, typed.tokens, book.table)
         with np.errstate(over="ignore", invalid="ignore"):
-            out += basis.predictor.predict(table, ids)
+            out += basis.predictor.predict(book.table, ids)
     return out.reshape(-1).astype(np.float32, copy=False)

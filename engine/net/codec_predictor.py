@@ -144,11 +144,10 @@ def read_predictor(reader: PayloadReader, cols: int) -> Predictor:
     return Predictor.from_weights(table_id, weights.reshape(cols + 1, cols))
 
 
-def read_tokens(reader: PayloadReader, rows: int, token_bytes: int, table: TokenTable | None) -> np.ndarray:
-    """The ``rows`` token ids of a predicted tensor, checked against the receiver's table."""
-    if table is None:
-        raise WireFormatError("a token-predicted tensor arrived but this node holds no token table "
-                              "(it needs the base checkpoint's embeddings)")
+def read_tokens(reader: PayloadReader, rows: int, token_bytes: int, table: TokenTable) -> np.ndarray:
+    """The ``rows`` token ids of a predicted tensor, ``token_bytes`` each, checked against the receiver's table."""
+    if token_bytes != table.token_bytes:
+        raise WireFormatError(f"token ids of {token_bytes} bytes for a table of {table.vocab} rows")
     ids = reader.take(rows, "<u2" if token_bytes == 2 else "<u4", "token ids").astype(np.int64)
     check_tokens(ids, table)
     return ids

@@ -351,7 +351,7 @@ class Node:
             return
         try:
             ctx.boundary.token_table = await ctx.compute.run(load_token_table, self._base_dir())
-        except Exception as exc:  # noqa: BLE001 - a missing base costs compression, not the node
+        except (OSError, ValueError) as exc:  # a missing or broken base costs compression, not the node
             log.warning("no token table for %s (%s): this node sends plain bases; install the run's model "
                         "to decode predicted activations", ctx.stage.run_cfg.activation_encoding, exc)
 
