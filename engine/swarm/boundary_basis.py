@@ -26,6 +26,11 @@ the base checkpoint's embedding table on both ends (``token_table``, set by the 
 first stage without the table fits a plain basis; a tensor of it without tokens goes with
 the fallback and does not calibrate.
 
+A *coded* scheme (``{"step": s}`` in the activations' params) fits its basis at up to full
+rank and range-codes each coefficient quantised with one step, ``s`` times the fitted
+coefficients' RMS (``engine.net.codec_entropy``): no rank to choose, bits go where the
+energy is.
+
 A *projected* gradient scheme (``{"projected": True}`` in the gradients' params) sends the
 gradients back as coefficients in the basis the receiver's activations last came in
 (uncentred, ``codec_basis``): the receiving node decodes them in the bases it fitted itself
@@ -67,8 +72,9 @@ class BasisFitter:
     (the weights move under training; a refitted basis is a new one, sent once per link again)."""
 
     def __init__(self, rank: int, calibration_rows: int = DEFAULT_CALIBRATION_ROWS, refit_rows: int = 0,
-                 outlier_fraction: float | None = None, predict: bool = False) -> None:
+                 outlier_fraction: float | None = None, predict: bool = False, step: float | None = None) -> None:
         self.rank = rank
+        self.step = step  # a coded basis's step, relative to the coefficients' RMS (None: int8 codes)
         self.calibration_rows = calibration_rows
         self.refit_rows = refit_rows
         self.outlier_fraction = outlier_fraction
@@ -104,6 +110,8 @@ class BasisFitter:
         due = self.basis is None and self._kept >= self.calibration_rows
         if due or (self.basis is not None and self._since_fit >= self.refit_rows):
             extra: dict[str, Any] = {} if self.outlier_fraction is None else {"outlier_fraction": self.outlier_fraction}
+            if self.step is not None:
+                extra["step"] = self.step
             fit_rows = np.concatenate(self._rows)[-self.calibration_rows:]
             if self.predict and table is not None:
                 fit_tokens = np.concatenate(self._tokens)[-self.calibration_rows:]
@@ -180,7 +188,8 @@ class BoundaryCodec:
             fitter = self._fitters[key] = BasisFitter(int(params["rank"]), self.calibration_rows,
                                                       int(params.get("refit_rows", self.refit_rows)),
                                                       params.get("outlier_fraction"),
-                                                      bool(params.get("predict")) and stage_index == 0)
+                                                      bool(params.get("predict")) and stage_index == 0,
+                                                      params.get("step"))
         return fitter
 
     # ------------------------------------------------------------------ links (event loop)

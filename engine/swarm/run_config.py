@@ -40,7 +40,9 @@ ActivationEncoding = Literal["fp32", "fp16", "bf16", "int8_rowwise", "int8_outli
                              "basis_r8_gs8", "basis_r64_gs64", "basis_r96_gs64", "basis_r96_gs96", "basis_r128_gs64",
                              "basis_r128_gs128", "basis_r96_gs64_b4", "basis_r128_gs64_b4", "basis_r128_gs96_b4",
                              "basis_r96_g8", "basis_r128_g8", "basis_r128_gp", "basis_r128_gp_b4", "basis_r16_b4",
-                             "basis_r24_b4", "basis_r32_b4", "predicted_r128_gs64_b4"]
+                             "basis_r24_b4", "basis_r32_b4", "predicted_r128_gs64_b4", "coded_s10_gs64_b4",
+                             "coded_s20_gs64_b4", "coded_s40_gs64_b4", "predcoded_s20_gs64_b4",
+                             "predcoded_s40_gs64_b4"]
 ACTIVATION_ENCODINGS = get_args(ActivationEncoding)
 #: how replicas exchange gradients (engine.swarm.replica_sync; kept here so configs need no numpy)
 UpdateEncoding = Literal["int8", "topk", "fp32"]

@@ -75,6 +75,10 @@ def test_row_bytes_of_each_encoding_family():
     assert row_bytes("subspace_r128", 64) == (68, 68)  # a rank over the width is the width
     assert row_bytes("basis_r128_gs64_b4", 576) == (132, 36)  # 4-bit gradient codes
     assert row_bytes("basis_r32_b4", 64) == (20, 20)  # 4-bit codes both ways
+    coded, _ = row_bytes("coded_s20_gs64_b4", 576)  # range-coded: what its step costs, not its rank
+    assert coded == pytest.approx(97.2, abs=0.1) and row_bytes("coded_s20_gs64_b4", 576)[1] == 36
+    assert row_bytes("coded_s40_gs64_b4", 576)[0] < coded < row_bytes("coded_s10_gs64_b4", 576)[0]
+    assert row_bytes("predcoded_s20_gs64_b4", 576)[0] == pytest.approx(0.75 * coded + 2)
 
 
 def test_the_mean_prompt_length_falls_back_without_prompts():
