@@ -429,7 +429,8 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     if typed.coded is not None and basis.step is not None and basis.scales is not None:
         words = reader.take(typed.coded // codec_entropy.WORD_BYTES, "<u4", "coded coefficients")
         codes = codec_entropy.decode_codes(words, rows, basis.scales)
-        coef = codes.astype(np.float32) * np.float32(basis.step)
+        with np.errstate(over="ignore"):  # a huge step shows as inf: tensor_codec refuses it
+            coef = codes.astype(np.float32) * np.float32(basis.step)
     else:
         coef = codec_int8.take_matrix(reader, rows, typed.rank, typed.col_scaled, "coefficients", typed.bits)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows as inf: tensor_codec refuses it

@@ -130,6 +130,10 @@ def test_inconsistent_or_damaged_coded_sections_are_refused_without_a_crash():
         except WireFormatError:
             continue
         assert np.isfinite(y).all()
+    huge = Basis.from_arrays(basis.mean, basis.vectors, step=3e38, scales=basis.scales)  # a hostile sender's
+    book.add(huge)
+    with pytest.raises(WireFormatError, match="NaN or inf|non-finite|finite"):
+        decode_tensor(dict(header, params=dict(params, id=huge.basis_id)), payload, bases=book)
 
 
 def test_gradients_projected_into_a_coded_basis_travel_as_int8_codes():
