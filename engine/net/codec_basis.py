@@ -19,9 +19,12 @@ Rank 128 of 576 then costs ~135 bytes a row (17x fewer than float32), rank 64 ~7
 A *coded* basis (``Basis.step``, ``Basis.scales``: a fit at up to full rank, ``Basis.fit(step=...)``)
 quantises every coefficient with one step, ``round(coefficient / step)``, and range-codes the
 codes under a per-column Laplace model (``codec_entropy``); ``params["coded"]`` is the coded
-section's length. No coefficient is cut, and a low-variance one costs a fraction of a bit:
-on SmolLM2-135M's layer-15 boundary (step 0.2) ~95 bytes a row at a third of the error of
-rank 128 with 8-bit codes (~131 bytes a row).
+section's length. The model's scales are the basis's, or (``params["own_scales"]``, when that
+is fewer bytes) the tensor's own, a byte per coefficient column ahead of the codes. No
+coefficient is cut, and a low-variance one costs a fraction of a bit: on held-out greedy
+completions at SmolLM2-135M's layer-15 boundary (step 0.2) ~97 bytes a row at a third of the
+mean error of rank 128 with 8-bit codes (~132 bytes a row); rows of RL traffic (sampled
+answers) cost more (see the README).
 
 A *token-predicted* basis (``Basis.predictor``, ``codec_predictor``) first subtracts from each
 row what its token predicts (a linear map of a token table both ends hold); the basis and
@@ -42,7 +45,7 @@ Payload, in order (little-endian)::
     [  its predictor: table id, weights (codec_predictor)]                     inline and params["tokens"]
     [  its coding: step float32, Laplace scales float32 x rank]                inline and params["coded"]
     [coefficients: int8_rowwise payload of [rows, rank]]                      column-scaled, bits per params
-      or [range-coded codes, params["coded"] bytes]                           when params["coded"]
+      or [[own scales: uint8 x rank], range-coded codes, params["coded"] bytes]  when params["coded"]
     [outlier positions: varint gaps, index_bytes long]
     [outlier values: bfloat16 bits as uint16 x outliers]
     [token ids: uint16 or uint32 x rows]                                       when params["tokens"]
@@ -294,10 +297,12 @@ class BasisParams(WireRecord, frozen=True):
     tokens: Literal[0, 2, 4] = 0  # bytes of each row's token id (token-predicted basis; sent only then)
     # bytes of the range-coded coefficient codes (a coded basis; sent only then; None: int8 codes)
     coded: Annotated[int, Meta(ge=0, le=1 << 40, multiple_of=codec_entropy.WORD_BYTES)] | None = None
+    own_scales: bool = False  # the coded codes carry their columns' own scales, a byte each (sent only then)
 
 
 def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_scaled: bool, outliers: int,
-                   outlier_index_bytes: int, bits: int = 8, token_bytes: int = 0, coded: int | None = None) -> int:
+                   outlier_index_bytes: int, bits: int = 8, token_bytes: int = 0, coded: int | None = None,
+                   own_scales: bool = False) -> int:
     """Exact payload length the params imply (the decoder refuses any other); ``coded``: bytes of
     range-coded coefficients (None: int8 codes)."""
     basis = (4 * cols + 2 * rank * cols) if inline else 0
@@ -306,6 +311,7 @@ def payload_nbytes(rows: int, cols: int, rank: int, *, inline: bool, coef_col_sc
     if inline and token_bytes:  # the predictor: table id, [cols + 1, cols] weights
         basis += codec_predictor.TABLE_ID_BYTES + 2 * (cols + 1) * cols
     coefficients = codec_int8.payload_nbytes(rows, rank, coef_col_scaled, bits) if coded is None else coded
+    coefficients += rank if own_scales else 0
     return basis + coefficients + outlier_index_bytes + 2 * outliers + token_bytes * rows
 
 
@@ -359,7 +365,12 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     coded = step is not None and scales is not None
     if step is not None and scales is not None:
         codes = np.clip(np.rint(coef / step), -codec_entropy.CODE_LIMIT, codec_entropy.CODE_LIMIT).astype(np.int32)
-        coef_params, coef_payload = {"col_scaled": False}, codec_entropy.encode_codes(codes, scales)
+        words = codec_entropy.encode_codes(codes, scales)
+        own = codec_entropy.tensor_scale_codes(codes)
+        own_words = codec_entropy.encode_codes(codes, codec_entropy.scales_of(own))
+        own_scales = len(own) + len(own_words) < len(words)  # rows unlike the fitted ones: their own model
+        coef_params = {"col_scaled": False, "own_scales": own_scales, "coded": len(own_words if own_scales else words)}
+        coef_payload = own.tobytes() + own_words if own_scales else words
         coef_q = codes.astype(np.float32) * np.float32(step)
     else:
         coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32), bits=code_bits)
@@ -379,7 +390,8 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
               "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
               "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 and not coded else {}),
-              **({"coded": len(coef_payload)} if coded else {}),
+              **({"coded": coef_params["coded"]} if coded else {}),
+              **({"own_scales": True} if coded and coef_params["own_scales"] else {}),
               **({} if centred else {"centred": False}), **({"tokens": token_bytes} if token_bytes else {})}
     return params, b"".join(parts)
 
@@ -399,13 +411,15 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
     reader.expect_total(payload_nbytes(rows, cols, typed.rank, inline=typed.inline,
                                        coef_col_scaled=typed.col_scaled, outliers=n_out,
                                        outlier_index_bytes=index_bytes, bits=typed.bits,
-                                       token_bytes=typed.tokens, coded=typed.coded))
+                                       token_bytes=typed.tokens, coded=typed.coded, own_scales=typed.own_scales))
     if typed.inline and not typed.centred:
         raise WireFormatError("an uncentred basis tensor names the receiver's own basis; it cannot carry one inline")
     if typed.tokens and not typed.centred:
         raise WireFormatError("an uncentred basis tensor carries no token ids")
     if typed.coded is not None and (not typed.centred or typed.col_scaled or typed.bits != 8):
         raise WireFormatError("coded coefficients are centred, with no column scales or code bits")
+    if typed.own_scales and typed.coded is None:
+        raise WireFormatError("own scales come with coded coefficients only")
     if typed.inline:
         basis = read_basis(reader, typed.rank, cols, predicted=bool(typed.tokens), coded=typed.coded is not None)
         if basis.basis_id != typed.id:
@@ -427,8 +441,10 @@ def decode(shape: tuple[int, ...], numel: int, params: Any, reader: PayloadReade
         raise WireFormatError(f"basis {typed.id.hex()} is {'' if basis.step is not None else 'not '}coded, "
                               f"the tensor says otherwise")
     if typed.coded is not None and basis.step is not None and basis.scales is not None:
+        scales = (codec_entropy.scales_of(reader.take(typed.rank, "u1", "own scales")) if typed.own_scales
+                  else basis.scales)
         words = reader.take(typed.coded // codec_entropy.WORD_BYTES, "<u4", "coded coefficients")
-        codes = codec_entropy.decode_codes(words, rows, basis.scales)
+        codes = codec_entropy.decode_codes(words, rows, scales)
         with np.errstate(over="ignore"):  # a huge step shows as inf: tensor_codec refuses it
             coef = codes.astype(np.float32) * np.float32(basis.step)
     else:

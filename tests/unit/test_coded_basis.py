@@ -70,7 +70,8 @@ def test_a_coded_basis_beats_a_truncated_one_at_fewer_bytes():
     assert coded.rank == COLS and coded.step is not None and plain.step is None
     coded_out, plain_out = encode_tensor(x, "basis", basis=coded), encode_tensor(x, "basis", basis=plain)
     params = coded_out.header["params"]
-    assert params["coded"] == len(coded_out.payload) - params["index_bytes"] - 2 * params["outliers"]
+    own = COLS if params.get("own_scales") else 0
+    assert params["coded"] == len(coded_out.payload) - own - params["index_bytes"] - 2 * params["outliers"]
     books = BasisBook(), BasisBook()
     books[0].add(coded)
     books[1].add(plain)
@@ -163,3 +164,23 @@ def test_coded_schemes_calibrate_a_full_rank_basis_and_predcoded_sends_token_ids
         assert _rel(x, y) < 0.05
         later, _ = sender.forward_encoded(lambda key, ids: x, "job", inputs, scheme, "down")
         assert not later["params"]["inline"]
+
+
+def test_rows_unlike_the_fitted_ones_carry_their_own_scales_when_that_is_fewer_bytes():
+    fit = _rows(seed=1)
+    basis, book = Basis.fit(fit, COLS, step=0.2), BasisBook()
+    book.add(basis)
+    like = _rows(seed=2, rows=512)
+    unlike = (3.0 + 4.0 * (like - 3.0)).astype(np.float32)  # four times the spread the basis was fitted on
+    plain = encode_tensor(like, "basis", basis=basis)
+    assert "own_scales" not in plain.header["params"]
+    own = encode_tensor(unlike, "basis", basis=basis)
+    assert own.header["params"]["own_scales"] is True
+    y = decode_tensor(*_wire(own), bases=book)
+    assert _rel(unlike, y) < 0.05
+    codes = np.rint(((unlike - basis.mean) @ basis.pinv()) / basis.step).astype(np.int32)  # outliers aside
+    fitted_bytes = len(codec_entropy.encode_codes(codes, basis.scales))  # what the basis's own model costs
+    assert own.header["params"]["coded"] + COLS < fitted_bytes
+    header, payload = _wire(own)
+    with pytest.raises(WireFormatError, match="payload has"):  # the scales are part of the length
+        decode_tensor(dict(header, params=dict(header["params"], own_scales=False)), payload, bases=book)
