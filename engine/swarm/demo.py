@@ -56,18 +56,20 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: the 30 s default micro-batch deadline evicted the only stage-1 trainer at step 0, hence 120 s.
 #: Stage checkpoints (adapters only with LoRA: a few
 #: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
-#: Activations cross the stage boundary as int8_outliers (int8 rows, the 0.1 % largest entries exact,
-#: both ways): 3.9x fewer bytes than fp32 (2x fewer than bf16). Trained 64 versions of this recipe
-#: through it (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 0, 1 and 2)
-#: it was never more than 1.6 points behind fp32. basis_r128_gs64_b4 (rank-128 coefficients in a fixed basis,
-#: gradients in their own rank-64 basis at 4 bits) sends 17x fewer bytes than fp32 and ends within 5
-#: points at v64 on three seeds, but lags 5.5-5.9 points over the curve on two of them (seeds 1 and 2),
-#: so it misses the 5-point bar; it is one --set away where upload matters more. int8 with per-row
-#: scales, the tiny base's default, wrecks a real model's residual stream (a few channels carry
-#: outliers a hundred times the rest): SmolLM2's greedy strict accuracy on 16 held-out chain_sum items
-#: was 75 % in fp32 and bf16 and 0 % with int8.
+#: Activations cross the stage boundary as predcoded_s20_gs64_b4: the first stage codes each row less a
+#: linear prediction from its token's base embedding, in a full-rank basis fitted from its first rows,
+#: every coefficient quantised with one step (0.2 of their RMS) and range-coded; gradients go back as
+#: 4-bit codes in each tensor's own rank-64 basis. Trained 64 versions of this recipe through it
+#: (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 0, 1 and 2) it ended
+#: -3.2 / -3.1 / +1.5 points from fp32 at v64 and -0.8 / -0.8 / -0.4 over the curve, at 14.1x fewer
+#: boundary bytes per trained sample than fp32 (seed 0; 11.5-11.9x on seeds 1 and 2 before tensors
+#: could carry their own scales). int8_outliers (int8 rows, the 0.1 % largest entries exact; 3.9x,
+#: never more than 1.6 points behind) was the default before it; the rank-128 schemes (16-17x) lag
+#: ~5 points over the curve. int8 with per-row scales, the tiny base's default, wrecks a real
+#: model's residual stream (a few channels carry outliers a hundred times the rest): SmolLM2's greedy
+#: strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8.
 REAL_MODEL_SETTINGS = (
-    "activation_encoding=int8_outliers",
+    "activation_encoding=predcoded_s20_gs64_b4",
     "group_size=8", "prompts_per_step=4", "prompts_per_job=8", "generations_in_flight=2",
     "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
     "lr=5e-05", "sampling.max_new_tokens=48", "microbatch_timeout_s=120",
