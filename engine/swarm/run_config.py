@@ -202,7 +202,8 @@ class RunConfig:
         (int8_outliers, 3.9x, the real-model default before predcoded_s20_gs64_b4, stays within 1.6
         at every eval; basis_r128_gp, 16.6x, is no better: the rank-128 cut of the activations is
         the cost; predicted_r128_gs64_b4 codes each row less a linear prediction from its token's
-        base embedding, which halves the next-token KL but at 16.2-16.3x ends 1.6-4.7 behind at v64 and 4.7-6.3 behind over the curve, three seeds;
+        base embedding, which halves the next-token KL but at 16.2-16.3x ends 1.6-4.7 behind at v64
+        and 4.7-6.3 behind over the curve, three seeds;
         coded_s<k> / predcoded_s<k> keep every direction of a full-rank basis, each coefficient
         quantised with one step, k/100 of their RMS, and range-coded: predcoded_s20_gs64_b4, the
         real-model default, learned within 1 point of fp32 over the curve on three seeds at
