@@ -362,18 +362,20 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
             sub.reshape(-1)[local] = (fit @ basis.vectors + mean).reshape(-1)[local]
         coef[touched] = (sub - mean) @ basis.pinv()
     step, scales = (basis.step, basis.scales) if centred else (None, None)  # a gradient's codes are int8
-    coded = step is not None and scales is not None
+    coded: int | None = None  # bytes of the range-coded codes (None: int8 codes)
+    own_scales = False
     if step is not None and scales is not None:
         codes = np.clip(np.rint(coef / step), -codec_entropy.CODE_LIMIT, codec_entropy.CODE_LIMIT).astype(np.int32)
         words = codec_entropy.encode_codes(codes, scales)
         own = codec_entropy.tensor_scale_codes(codes)
         own_words = codec_entropy.encode_codes(codes, codec_entropy.scales_of(own))
         own_scales = len(own) + len(own_words) < len(words)  # rows unlike the fitted ones: their own model
-        coef_params = {"col_scaled": False, "own_scales": own_scales, "coded": len(own_words if own_scales else words)}
-        coef_payload = own.tobytes() + own_words if own_scales else words
+        coded = len(own_words if own_scales else words)
+        col_scaled, coef_payload = False, own.tobytes() + own_words if own_scales else words
         coef_q = codes.astype(np.float32) * np.float32(step)
     else:
         coef_params, coef_payload = codec_int8.encode(coef.astype(np.float32), bits=code_bits)
+        col_scaled = bool(coef_params["col_scaled"])
         coef_q = codec_int8.decode((rows, basis.rank), rows * basis.rank, coef_params,
                                    PayloadReader(memoryview(coef_payload)), code_bits).reshape(rows, basis.rank)
     parts = [basis.to_bytes()] if inline else []
@@ -388,10 +390,9 @@ def encode(array: np.ndarray, basis: Basis, inline: bool = False,
     if token_bytes:
         parts.append(ids.astype("<u2" if token_bytes == 2 else "<u4").tobytes())
     params = {"id": basis.basis_id, "rank": basis.rank, "inline": bool(inline),
-              "col_scaled": bool(coef_params["col_scaled"]), "outliers": int(n_out),
-              "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 and not coded else {}),
-              **({"coded": coef_params["coded"]} if coded else {}),
-              **({"own_scales": True} if coded and coef_params["own_scales"] else {}),
+              "col_scaled": col_scaled, "outliers": int(n_out),
+              "index_bytes": len(index_section), **({"bits": code_bits} if code_bits != 8 and coded is None else {}),
+              **({"coded": coded} if coded is not None else {}), **({"own_scales": True} if own_scales else {}),
               **({} if centred else {"centred": False}), **({"tokens": token_bytes} if token_bytes else {})}
     return params, b"".join(parts)
 
