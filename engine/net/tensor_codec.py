@@ -28,7 +28,7 @@ allocated, the payload must have exactly the implied length, and (unless asked
 otherwise) float results must be finite. Any failure is a
 :class:`~engine.net.errors.WireFormatError` with a reason.
 
-``basis`` tensors need the receiver's :class:`~engine.net.codec_basis.BasisBook` of the
+``basis`` tensors need the receiver's :class:`~engine.net.codec_basis_model.BasisBook` of the
 sender (``decode_tensor(..., bases=book)``); every other encoding is self-contained.
 
 What this module does not know: framing, chunking, links or which tensor a
@@ -46,6 +46,7 @@ import numpy as np
 from msgspec import Meta
 
 from engine.net import codec_basis, codec_int8, codec_subspace, codec_topk
+from engine.net.codec_basis_model import BasisBook
 from engine.net.codec_checks import NoParams, PayloadReader, convert_params
 from engine.net.errors import WireFormatError
 from engine.net.wire import WireRecord
@@ -246,7 +247,7 @@ def decode_tensor(header: Any, payload: Any, *, max_elements: int = DEFAULT_MAX_
                   expected_dtype: str | np.dtype | None = None,
                   allow_nonfinite: bool = False,
                   max_expansion: float | None = DEFAULT_MAX_EXPANSION,
-                  bases: codec_basis.BasisBook | None = None) -> np.ndarray:
+                  bases: BasisBook | None = None) -> np.ndarray:
     """Decode an untrusted ``(header, payload)`` into a fresh, writable C-contiguous array.
 
     ``max_elements`` caps the decoded size (checked before allocating);

@@ -15,7 +15,7 @@ basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
   peer, and is named only after that tensor's ``send`` returned (a link delivers messages
   in call order, so the receiver has it first); a new link to a peer forgets what it held
   (a restarted peer starts with an empty book);
-* per sender, the :class:`~engine.net.codec_basis.BasisBook` of bases received (bounded;
+* per sender, the :class:`~engine.net.codec_basis_model.BasisBook` of bases received (bounded;
   a tensor naming a basis never received is a WireFormatError against its sender).
 
 A *token-predicted* scheme (``{"predict": True}`` in the activations' params) fits, with the
@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.net.codec_basis import Basis, BasisBook
+from engine.net.codec_basis_model import Basis, BasisBook
 from engine.net.codec_predictor import Predictor, TokenTable
 from engine.swarm.pipeline_hops import decode_activation, encode_with, scheme_of
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.net import codec_basis, codec_subspace
-from engine.net.codec_basis import BasisBook
+from engine.net import codec_subspace
+from engine.net.codec_basis_model import MAX_RANK, BasisBook
 from engine.net.errors import ProtocolViolation
 from engine.net.tensor_codec import decode_tensor, encode_tensor, tensor_shape
 from engine.swarm.messages import MAX_ROWS, MAX_TOKENS, Act, Drop, Grad
@@ -93,10 +93,10 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
     # transform coding: every coefficient of a full-rank fitted basis quantised with one step (s x 0.01
     # of the coefficients' RMS) and range-coded (``codec_entropy``); the gradients as in _gs64_b4;
     # predcoded_ codes each row less its token's prediction, as predicted_ does
-    **{f"coded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace", {"rank": codec_basis.MAX_RANK, "step": s / 100},
+    **{f"coded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace", {"rank": MAX_RANK, "step": s / 100},
                                              {"rank": 64, "code_bits": 4}) for s in (10, 20, 40)},
     **{f"predcoded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace",
-                                                 {"rank": codec_basis.MAX_RANK, "step": s / 100, "predict": True},
+                                                 {"rank": MAX_RANK, "step": s / 100, "predict": True},
                                                  {"rank": 64, "code_bits": 4}) for s in (20, 40)},
 }
 

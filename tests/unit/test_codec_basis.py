@@ -2,8 +2,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from engine.net import codec_basis
-from engine.net.codec_basis import Basis, BasisBook
+from engine.net import codec_basis_model
+from engine.net.codec_basis_model import Basis, BasisBook
 from engine.net.errors import WireFormatError
 from engine.net.tensor_codec import decode_tensor, encode_tensor
 
@@ -79,7 +79,7 @@ def test_four_bit_coefficients_halve_a_row_and_say_so_only_when_they_are_four_bi
 def test_a_basis_is_named_by_its_content_and_the_fit_is_deterministic():
     rows = _residual_stream(seed=1).reshape(-1, 128)
     a, b = Basis.fit(rows, 8), Basis.fit(rows.copy(), 8)
-    assert a.basis_id == b.basis_id and len(a.basis_id) == codec_basis.BASIS_ID_BYTES
+    assert a.basis_id == b.basis_id and len(a.basis_id) == codec_basis_model.BASIS_ID_BYTES
     assert Basis.fit(rows, 7).basis_id != a.basis_id
     assert np.allclose(a.vectors @ a.vectors.T, np.eye(8), atol=0.02)  # orthonormal up to bfloat16
 
@@ -123,7 +123,7 @@ def _valid():
 @pytest.mark.parametrize("change, match", [
     ({"rank": 5}, "payload has"),
     ({"rank": 0}, "basis params"),
-    ({"rank": codec_basis.MAX_RANK + 1}, "basis params"),
+    ({"rank": codec_basis_model.MAX_RANK + 1}, "basis params"),
     ({"id": b"short"}, "basis params"),
     ({"outliers": 10 ** 9}, "outliers"),
     ({"index_bytes": 0}, "index_bytes"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.net import codec_entropy
-from engine.net.codec_basis import Basis, BasisBook
+from engine.net.codec_basis_model import Basis, BasisBook
 from engine.net.codec_predictor import TokenTable
 from engine.net.errors import WireFormatError
 from engine.net.tensor_codec import decode_tensor, encode_tensor

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from engine.net import codec_basis
+from engine.net.codec_basis_model import Basis, BasisBook
 from engine.net.codec_checks import PayloadReader
 from engine.net.errors import WireFormatError
 from engine.swarm.boundary_basis import BoundaryCodec
@@ -20,8 +21,8 @@ def _decode(params, payload, shape, book):
 
 
 def test_an_uncentred_tensor_decodes_to_the_exact_gradient_of_the_rank_k_cut():
-    basis = codec_basis.Basis.fit(_rows(0), 6)
-    book = codec_basis.BasisBook()
+    basis = Basis.fit(_rows(0), 6)
+    book = BasisBook()
     book.add(basis)
     grad = np.random.default_rng(1).standard_normal((50, 64)).astype(np.float32)
     params, payload = codec_basis.encode(grad, basis, centred=False, outlier_fraction=0.0)
@@ -35,13 +36,13 @@ def test_an_uncentred_tensor_decodes_to_the_exact_gradient_of_the_rank_k_cut():
 
 
 def test_an_uncentred_tensor_never_carries_a_basis_inline():
-    basis = codec_basis.Basis.fit(_rows(0), 6)
+    basis = Basis.fit(_rows(0), 6)
     grad = np.ones((3, 64), np.float32)
     with pytest.raises(ValueError, match="inline"):
         codec_basis.encode(grad, basis, inline=True, centred=False)
     params, payload = codec_basis.encode(grad, basis, inline=True)  # a centred one, relabelled by a peer
     with pytest.raises(WireFormatError, match="inline"):
-        _decode({**params, "centred": False}, payload, grad.shape, codec_basis.BasisBook())
+        _decode({**params, "centred": False}, payload, grad.shape, BasisBook())
 
 
 def test_gradients_go_back_in_the_basis_the_activations_came_in_and_decode_in_the_senders_own_book():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from engine.net import codec_basis
+from engine.net.codec_basis_model import Basis, BasisBook
 from engine.net.codec_checks import PayloadReader
 from engine.net.codec_predictor import Predictor, TokenTable
 from engine.net.errors import WireFormatError
@@ -28,7 +29,7 @@ def _rows(table, n=600, seed=0):
 
 
 def _round_trip(basis, rows, tokens, table, receiver_table=None, inline=True):
-    book = codec_basis.BasisBook(table=receiver_table if receiver_table is not None else table)
+    book = BasisBook(table=receiver_table if receiver_table is not None else table)
     params, payload = codec_basis.encode(rows, basis, inline=inline, tokens=tokens, table=table)
     out = codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(payload)), book)
     return params, payload, out.reshape(rows.shape)
@@ -42,10 +43,10 @@ def test_subtracting_the_token_prediction_leaves_rows_a_low_rank_basis_codes_far
     table = _table()
     tokens, rows = _rows(table)
     test_tokens, test_rows = _rows(table, seed=1)
-    plain = codec_basis.Basis.fit(rows, 8)
+    plain = Basis.fit(rows, 8)
     predictor = Predictor.fit(table, tokens, rows)
-    predicted = codec_basis.Basis.fit(rows, 8, predictor=predictor, table=table, tokens=tokens)
-    book = codec_basis.BasisBook()
+    predicted = Basis.fit(rows, 8, predictor=predictor, table=table, tokens=tokens)
+    book = BasisBook()
     book.add(plain)
     params, payload = codec_basis.encode(test_rows, plain)
     plain_out = codec_basis.decode(test_rows.shape, test_rows.size, params, PayloadReader(memoryview(payload)), book)
@@ -57,8 +58,8 @@ def test_subtracting_the_token_prediction_leaves_rows_a_low_rank_basis_codes_far
 def test_an_inline_predicted_basis_is_sent_once_and_its_id_covers_the_predictor():
     table = _table()
     tokens, rows = _rows(table)
-    predicted = codec_basis.Basis.fit(rows, 8, predictor=Predictor.fit(table, tokens, rows), table=table, tokens=tokens)
-    plain = codec_basis.Basis.from_arrays(predicted.mean, predicted.vectors)
+    predicted = Basis.fit(rows, 8, predictor=Predictor.fit(table, tokens, rows), table=table, tokens=tokens)
+    plain = Basis.from_arrays(predicted.mean, predicted.vectors)
     assert plain.basis_id != predicted.basis_id
     params, payload, _ = _round_trip(predicted, rows, tokens, table)
     named = codec_basis.encode(rows, predicted, inline=False, tokens=tokens, table=table)[1]
@@ -67,24 +68,24 @@ def test_an_inline_predicted_basis_is_sent_once_and_its_id_covers_the_predictor(
     tampered[4 * COLS + 2 * 8 * COLS + 20] ^= 0xFF  # a predictor weight
     with pytest.raises(WireFormatError, match="hashes"):
         codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(bytes(tampered))),
-                           codec_basis.BasisBook(table=table))
+                           BasisBook(table=table))
 
 
 def test_a_receiver_refuses_predicted_rows_it_cannot_rebuild():
     table = _table()
     tokens, rows = _rows(table)
-    basis = codec_basis.Basis.fit(rows, 8, predictor=Predictor.fit(table, tokens, rows), table=table, tokens=tokens)
+    basis = Basis.fit(rows, 8, predictor=Predictor.fit(table, tokens, rows), table=table, tokens=tokens)
     with pytest.raises(WireFormatError, match="another token table"):
         _round_trip(basis, rows, tokens, table, receiver_table=_table(seed=6))
     params, payload = codec_basis.encode(rows, basis, inline=True, tokens=tokens, table=table)
     with pytest.raises(WireFormatError, match="no token table"):
-        codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(payload)), codec_basis.BasisBook())
+        codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(payload)), BasisBook())
     forged = bytearray(payload)
     forged[-2:] = np.array([VOCAB + 7], "<u2").tobytes()  # the last row's token id, past the table
     with pytest.raises(WireFormatError, match="outside the table"):
         codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(bytes(forged))),
-                           codec_basis.BasisBook(table=table))
-    book = codec_basis.BasisBook(table=table)
+                           BasisBook(table=table))
+    book = BasisBook(table=table)
     codec_basis.decode(rows.shape, rows.size, params, PayloadReader(memoryview(payload)), book)  # now held
     params, payload = codec_basis.encode(rows, basis, tokens=tokens, table=table)
     with pytest.raises(WireFormatError, match="token predictor"):  # a predicted basis named without token ids
