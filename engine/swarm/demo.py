@@ -56,20 +56,22 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: the 30 s default micro-batch deadline evicted the only stage-1 trainer at step 0, hence 120 s.
 #: Stage checkpoints (adapters only with LoRA: a few
 #: MB) come with every eval, so `polis export` finds the weights of every evaluated version.
-#: Activations cross the stage boundary as predcoded_s20_gs64_b4: the first stage codes each row less a
+#: Activations cross the stage boundary as predcoded_s40_gs64_b4: the first stage codes each row less a
 #: linear prediction from its token's base embedding, in a full-rank basis fitted from its first rows,
-#: every coefficient quantised with one step (0.2 of their RMS) and range-coded; gradients go back as
+#: every coefficient quantised with one step (0.4 of their RMS) and range-coded; gradients go back as
 #: 4-bit codes in each tensor's own rank-64 basis. Trained 64 versions of this recipe through it
 #: (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 0, 1 and 2) it ended
-#: -3.2 / -3.1 / +1.5 points from fp32 at v64 and -0.8 / -0.8 / -0.4 over the curve, at 14.1x fewer
-#: boundary bytes per trained sample than fp32 (seed 0; 11.5-11.9x on seeds 1 and 2 before tensors
-#: could carry their own scales). int8_outliers (int8 rows, the 0.1 % largest entries exact; 3.9x,
-#: never more than 1.6 points behind) was the default before it; the rank-128 schemes (16-17x) lag
-#: ~5 points over the curve. int8 with per-row scales, the tiny base's default, wrecks a real
-#: model's residual stream (a few channels carry outliers a hundred times the rest): SmolLM2's greedy
-#: strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 % with int8.
+#: -1.6 / -3.1 / +0.0 points from fp32 at v64 and -1.6 / -1.2 / -1.2 over the curve, at 18.1 / 20.5 /
+#: 18.3x fewer boundary bytes per trained sample than fp32 (activations 17.7-20.7x). predcoded_s20
+#: (half the step) was the default before it: within 1 point over the curve at 11.5-14.1x.
+#: int8_outliers (int8 rows, the 0.1 % largest entries exact; 3.9x, never more than 1.6 points
+#: behind) is the choice where the range coder's CPU time matters more than bytes; the rank-128
+#: schemes (16-17x) lag ~5 points over the curve. int8 with per-row scales, the tiny base's default,
+#: wrecks a real model's residual stream (a few channels carry outliers a hundred times the rest):
+#: SmolLM2's greedy strict accuracy on 16 held-out chain_sum items was 75 % in fp32 and bf16 and 0 %
+#: with int8.
 REAL_MODEL_SETTINGS = (
-    "activation_encoding=predcoded_s20_gs64_b4",
+    "activation_encoding=predcoded_s40_gs64_b4",
     "group_size=8", "prompts_per_step=4", "prompts_per_job=8", "generations_in_flight=2",
     "micro_batch_rows=8", "updates_per_batch=1", "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
     "lr=5e-05", "sampling.max_new_tokens=48", "microbatch_timeout_s=120",

@@ -199,15 +199,16 @@ class RunConfig:
         recipe through it (``--real-learn-versions``) it learns as fp32 does at 14.6x (small RL
         micro-batches pay for each gradient tensor's basis); basis_r128_gs64_b4 halves that basis:
         17x, within 5 points of fp32 at v64 on three seeds but 5.5-5.9 behind over the curve on two
-        (int8_outliers, 3.9x, the real-model default before predcoded_s20_gs64_b4, stays within 1.6
+        (int8_outliers, 3.9x, the real-model default before the predcoded schemes, stays within 1.6
         at every eval; basis_r128_gp, 16.6x, is no better: the rank-128 cut of the activations is
         the cost; predicted_r128_gs64_b4 codes each row less a linear prediction from its token's
         base embedding, which halves the next-token KL but at 16.2-16.3x ends 1.6-4.7 behind at v64
         and 4.7-6.3 behind over the curve, three seeds;
         coded_s<k> / predcoded_s<k> keep every direction of a full-rank basis, each coefficient
-        quantised with one step, k/100 of their RMS, and range-coded: predcoded_s20_gs64_b4, the
-        real-model default, learned within 1 point of fp32 over the curve on three seeds at
-        11.5-14.1x),
+        quantised with one step, k/100 of their RMS, and range-coded: predcoded_s20_gs64_b4
+        learned within 1 point of fp32 over the curve on three seeds at 11.5-14.1x, and
+        predcoded_s40_gs64_b4, the real-model default, within 3.1 at v64 and 1.6 over the curve
+        at 18.1-20.5x),
         while basis_r96 and basis_r96_gs64 (18-22x) lag 9-12 points; the tiny base's 64-wide boundary is not
         low-rank (basis_r8 lost learning, basis_r32 is 7.4x; basis_r32_b4 sends 8.5x fewer
         peer-link bytes than fp32 activations but ends 11 points behind, two seeds).

@@ -48,7 +48,7 @@ def test_seconds_per_version_needs_two_trained_versions():
 def test_the_real_model_recipe_comes_first_and_the_users_settings_win():
     args = argparse.Namespace(model="smollm2-135m", task=None, set=["lr=1e-04"])
     settings = real_model_settings(args)
-    assert settings[0] == "model=smollm2-135m" and "activation_encoding=predcoded_s20_gs64_b4" in settings
+    assert settings[0] == "model=smollm2-135m" and "activation_encoding=predcoded_s40_gs64_b4" in settings
     assert settings[-1] == "lr=1e-04" and settings.index("lr=5e-05") < settings.index("lr=1e-04")
     assert any(s.startswith("task.options=") and '"max_digits": 2' in s for s in settings)
     assert "prompts_per_step=4" in REAL_MODEL_SETTINGS

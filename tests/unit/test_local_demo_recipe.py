@@ -75,7 +75,7 @@ def test_the_real_model_demo_trains_lora_on_chain_sum_with_two_nodes_and_the_use
     assert run.model == "smollm2-135m" and run.task.name == demo.REAL_MODEL_TASK
     assert run.task.options == demo.REAL_MODEL_TASK_OPTIONS and run.lora.enabled and run.lora.rank == 4
     assert (run.group_size, run.prompts_per_step, run.sampling.max_new_tokens, run.micro_batch_rows) == (8, 4, 48, 8)
-    assert run.activation_encoding == "predcoded_s20_gs64_b4"  # measured to learn as fp32 does at 14x fewer bytes
+    assert run.activation_encoding == "predcoded_s40_gs64_b4"  # within 1.6 over the curve at 18-20x (3 seeds)
     argv = demo.coordinator_argv(Path("/run"), 1, real_model=True)
     assert argv[argv.index("--job-timeout-s") + 1] == str(demo.REAL_MODEL_TIMEOUT_S)
     plain = parser.parse_args(["--task", "sorting"])

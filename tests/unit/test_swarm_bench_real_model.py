@@ -46,7 +46,7 @@ def test_the_real_model_run_is_polis_demo_models_recipe():
     assert settings == real_model_settings(bench.demo_run_args("smollm2-135m"))
     assert run.model == "smollm2-135m" and run.task.name == "reasoning_gym:chain_sum"
     assert (run.prompts_per_job, run.group_size, run.sampling.max_new_tokens) == (8, 8, 48)
-    assert run.activation_encoding == "predcoded_s20_gs64_b4" and run.lora.enabled and run.generations_in_flight == 2
+    assert run.activation_encoding == "predcoded_s40_gs64_b4" and run.lora.enabled and run.generations_in_flight == 2
 
 
 def test_generation_with_a_model_dir_measures_that_model_with_the_recipe_on_both_sides(monkeypatch, tmp_path):
@@ -75,7 +75,7 @@ def test_generation_with_a_model_dir_measures_that_model_with_the_recipe_on_both
     assert checkpoint is None and swarm_model == model and replicas == 1 and seconds == 90.0
     assert settings == real_model_settings(bench.demo_run_args(model))
     assert result["generation_ratio"] == pytest.approx(0.6) and result["loopback_jobs_in_flight"] == 2
-    assert result["job"]["prompts_per_job"] == 8 and result["job"]["activation_encoding"] == "predcoded_s20_gs64_b4"
+    assert result["job"]["prompts_per_job"] == 8 and result["job"]["activation_encoding"] == "predcoded_s40_gs64_b4"
 
 
 def test_real_model_jobs_are_one_token_length_times_group_size_rows_of_chat_prompts(tmp_path):

@@ -97,7 +97,7 @@ def test_polis_train_runs_the_coordinators_run_config():
     args = argparse.Namespace(model="smollm2-135m", task=None, set=["lr=1e-05", "seed=7"])
     run = run_config(args)
     # the demo recipe, then --set
-    assert run.activation_encoding == "predcoded_s20_gs64_b4" and run.lora.enabled and run.lr == 1e-05
+    assert run.activation_encoding == "predcoded_s40_gs64_b4" and run.lora.enabled and run.lr == 1e-05
     config = trainer_config(run, lag_versions=1)
     for name in ("task", "objective", "sampling", "prompts_per_step", "group_size", "max_staleness",
                  "max_grad_norm", "micro_batch_rows", "updates_per_batch", "seed"):
