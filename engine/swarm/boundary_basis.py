@@ -10,7 +10,8 @@ basis both ends hold (``engine.net.codec_basis``). One node keeps, in a
   them and used for the later tensors (the sending stage's own activations, from the
   task's training stream: no calibration pass, nothing to agree on); a scheme with
   ``refit_rows`` refits from the latest rows after every that many rows (full fine-tuning
-  moves the activations; each refit is a new basis, sent once per link);
+  moves the activations; each refit is a new basis, sent once per link; a coded scheme's
+  params say 0: its full-rank basis cuts nothing);
 * which peers hold which of its bases: a basis travels inline in the first tensor to a
   peer, and is named only after that tensor's ``send`` returned (a link delivers messages
   in call order, so the receiver has it first); a new link to a peer forgets what it held

@@ -62,8 +62,9 @@ REAL_MODEL_TASK_OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max
 #: 4-bit codes in each tensor's own rank-64 basis. Trained 64 versions of this recipe through it
 #: (`polis bench act --real-learn-versions 64 --real-learn-set seed=S`, seeds 0, 1 and 2) it ended
 #: -1.6 / -3.1 / +0.0 points from fp32 at v64 and -1.6 / -1.2 / -1.2 over the curve, at 18.1 / 20.5 /
-#: 18.3x fewer boundary bytes per trained sample than fp32 (activations 17.7-20.7x). predcoded_s20
-#: (half the step) was the default before it: within 1 point over the curve at 11.5-14.1x.
+#: 18.3x fewer boundary bytes per trained sample than fp32 (activations 17.7-20.7x); without the
+#: basis refit after 64k rows, which coded schemes no longer do, seed 0 sent 20.7x at -1.6 / -0.8.
+#: predcoded_s20 (half the step) was the default before it: within 1 point over the curve at 11.5-14.1x.
 #: int8_outliers (int8 rows, the 0.1 % largest entries exact; 3.9x, never more than 1.6 points
 #: behind) is the choice where the range coder's CPU time matters more than bytes; the rank-128
 #: schemes (16-17x) lag ~5 points over the curve. int8 with per-row scales, the tiny base's default,

@@ -42,7 +42,7 @@ TOKEN_BYTES = 8
 _PLAIN = {"fp32": (4.0, 0.0), "fp16": (2.0, 0.0), "bf16": (2.0, 0.0), "int8_rowwise": (1.0, 4.0),
           "int8_outliers": (1.006, 4.0)}
 #: how much more a coded basis's RL traffic costs than held-out greedy rows (measured on SmolLM2-135M)
-_RL_TRAFFIC_FACTOR = 2.4
+_RL_TRAFFIC_FACTOR = 2.0
 #: bytes per parameter of a replica update (int8: per-row scales are negligible; top-k: value + index)
 _UPDATE_BYTES = {"int8": 1.0, "fp32": 4.0}
 
@@ -73,9 +73,9 @@ def _coded_bits_per_entry(step: float, predict: bool) -> float:
     """Bits per entry of a coded basis with ``step`` in RL traffic: SmolLM2-135M's layer-15 rows
     with their outliers cost 1.86 / 1.35 / 0.98 bits at steps 0.1 / 0.2 / 0.4 on held-out greedy
     completions (a token prediction first: 1.01 / 0.69 at 0.2 / 0.4, a 0.75 factor); sampled RL
-    rows, which spread wider than the calibration rows, cost 2.4x that over 64-version learning
-    runs (predcoded at 0.2 / 0.4: 176 / 129 bytes a row of activations, bases and refits
-    included). Another model's rows will differ: an estimate for placement."""
+    rows, which spread wider than the calibration rows, cost ~2x that over a 64-version learning
+    run (predcoded at 0.4: 110 bytes a row of activations, its basis included). Another model's
+    rows will differ: an estimate for placement."""
     return _RL_TRAFFIC_FACTOR * 1.35 * (0.2 / step) ** 0.46 * (0.75 if predict else 1.0)
 
 

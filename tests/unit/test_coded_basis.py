@@ -166,6 +166,20 @@ def test_coded_schemes_calibrate_a_full_rank_basis_and_predcoded_sends_token_ids
         assert not later["params"]["inline"]
 
 
+def test_a_coded_scheme_keeps_its_first_basis_where_a_cut_one_refits():
+    drifted = [(_rows(seed=n, rows=512) * (1 + n)).reshape(2, 256, COLS) for n in range(6)]  # they drift
+    for scheme, bases in (("coded_s20_gs64_b4", 1), ("basis_r8", 3)):
+        sender, receiver = BoundaryCodec(calibration_rows=512, refit_rows=1024), BoundaryCodec()
+        ids = []
+        for x in drifted:  # fit after the first tensor, a cut basis refits after every 1024 rows
+            header, payload = sender.encode("act", x, scheme, "down")
+            y = receiver.decode(header, payload, hidden_size=COLS, sender="up")
+            sender.sent("down", header)
+            ids.append(header["params"].get("id"))
+        assert len({i for i in ids if i is not None}) == bases, scheme
+        assert _rel(drifted[-1], y) < (0.05 if scheme.startswith("coded") else 1.0)  # nothing cut: still exact
+
+
 def test_rows_unlike_the_fitted_ones_carry_their_own_scales_when_that_is_fewer_bytes():
     fit = _rows(seed=1)
     basis, book = Basis.fit(fit, COLS, step=0.2), BasisBook()

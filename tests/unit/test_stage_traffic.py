@@ -76,10 +76,10 @@ def test_row_bytes_of_each_encoding_family():
     assert row_bytes("basis_r128_gs64_b4", 576) == (132, 36)  # 4-bit gradient codes
     assert row_bytes("basis_r32_b4", 64) == (20, 20)  # 4-bit codes both ways
     coded, _ = row_bytes("coded_s20_gs64_b4", 576)  # range-coded: what its step costs, not its rank
-    assert coded == pytest.approx(2.4 * 97.2, abs=0.1) and row_bytes("coded_s20_gs64_b4", 576)[1] == 36
+    assert coded == pytest.approx(2.0 * 97.2, abs=0.1) and row_bytes("coded_s20_gs64_b4", 576)[1] == 36
     assert row_bytes("coded_s40_gs64_b4", 576)[0] < coded < row_bytes("coded_s10_gs64_b4", 576)[0]
     assert row_bytes("predcoded_s20_gs64_b4", 576)[0] == pytest.approx(0.75 * coded + 2)
-    assert row_bytes("predcoded_s40_gs64_b4", 576)[0] == pytest.approx(129, abs=2)  # 64-version RL runs: 129
+    assert row_bytes("predcoded_s40_gs64_b4", 576)[0] == pytest.approx(110, abs=3)  # a 64-version RL run: 110
 
 
 def test_the_mean_prompt_length_falls_back_without_prompts():
