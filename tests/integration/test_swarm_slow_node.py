@@ -88,15 +88,19 @@ def test_a_node_at_a_quarter_speed_cuts_versions_per_minute_by_no_more_than_its_
     assert ratio >= IDEAL - NOISE, (clean, slowed, stats["route_weights"])
     # the slow node is seen: of all nodes, the route weights send the least generation work through the
     # throttled one (the sum of jobs/s over the routes it is on: 12.9-20.8 vs 28.9-84 for the others in three
-    # runs; here the mean, since the figures list only routes that have finished a job: one run listed 3 of
-    # the 4, and a fast node on one listed route had the lowest sum). Not a route's job time: the in-flight
-    # limits give a slow route fewer jobs at once, so a job's latency there stayed level with the others'
-    # (~0.08 s); nor the weakest single route: the throttled node may sit on stage 0 or 1, and its
-    # stage-mate's routes share its slow partner
+    # runs; here the mean over every route of the 2 x 2 grid). The figures list only routes that have
+    # finished a job, so a route that finished none counts as 0 jobs/s: two runs listed 3 of the 4, and
+    # left out, the missing route (the throttled node's) made a fast node's mean or sum the lowest. Not a
+    # route's job time: the in-flight limits give a slow route fewer jobs at once, so a job's latency there
+    # stayed level with the others' (~0.08 s); nor the weakest single route: the throttled node may sit on
+    # stage 0 or 1, and its stage-mate's routes share its slow partner
+    listed = {tuple(route["route"]): route["jobs_per_s"] for route in stats["route_weights"]["generation"]}
+    stages = [sorted({route[i] for route in listed}) for i in range(2)]
     rates: dict[str, list[float]] = {}
-    for route in stats["route_weights"]["generation"]:
-        for peer in route["route"]:
-            rates.setdefault(peer, []).append(route["jobs_per_s"])
+    for first in stages[0]:
+        for second in stages[1]:
+            for peer in (first, second):
+                rates.setdefault(peer, []).append(listed.get((first, second), 0.0))
     through = {peer: sum(r) / len(r) for peer, r in rates.items()}
     assert stats["throttled"].startswith(min(through, key=through.get)), json.dumps([stats["throttled"],
                                                                                      stats["route_weights"]])
