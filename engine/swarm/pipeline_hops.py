@@ -92,16 +92,12 @@ ACTIVATION_SCHEMES: dict[str, BoundaryScheme] = {
                                              {"rank": 64, "code_bits": 4}),
     # transform coding: every coefficient of a full-rank fitted basis quantised with one step (s x 0.01
     # of the coefficients' RMS) and range-coded (``codec_entropy``); the gradients as in _gs64_b4;
-    # predcoded_ codes each row less its token's prediction, as predicted_ does. Never refitted: a
-    # full-rank basis cuts nothing, so drift costs bytes, not accuracy, and a refit from the latest
-    # rows moved the step and cost more than it saved (SmolLM2, predcoded_s40, seed 0, 64 versions:
-    # 130 bytes a row with the refit after 64k rows, 110 without, at less error)
-    **{f"coded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace",
-                                             {"rank": MAX_RANK, "step": s / 100, "refit_rows": 0},
+    # predcoded_ codes each row less its token's prediction, as predicted_ does (never refitted:
+    # ``boundary_basis.BasisFitter``)
+    **{f"coded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace", {"rank": MAX_RANK, "step": s / 100},
                                              {"rank": 64, "code_bits": 4}) for s in (10, 20, 40)},
     **{f"predcoded_s{s}_gs64_b4": BoundaryScheme("basis", "subspace",
-                                                 {"rank": MAX_RANK, "step": s / 100, "predict": True,
-                                                  "refit_rows": 0},
+                                                 {"rank": MAX_RANK, "step": s / 100, "predict": True},
                                                  {"rank": 64, "code_bits": 4}) for s in (20, 40)},
 }
 
